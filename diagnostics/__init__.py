@@ -1,0 +1,8 @@
+"""Diagnostic plug-ins: observers run after aggregation through ``fedmech_flwr.hooks``.
+
+How to add one: subclass ``fedmech_flwr.hooks.Diagnostic``, implement ``server_side``
+(and ``client_side`` for work on a client's own data, ``plot`` for its figures),
+register it with ``@DIAGNOSTICS.register("name", ConfigCls)`` and import it here.
+"""
+
+from diagnostics import weight_divergence  # noqa: F401

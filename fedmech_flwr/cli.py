@@ -1,0 +1,113 @@
+"""``fedmech``: run, validate and plot experiments. The only module that prints.
+
+    fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
+    fedmech validate experiments/default.yaml [--set key=value ...]
+    fedmech plot RUN_DIR
+
+``run`` validates the experiment, then runs it with real ``flwr run`` on a private
+local simulation SuperLink, and exits 0 only when the run completed (Flower's own run
+status, and the run folder's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from pathlib import Path
+
+from fedmech_flwr import plugins
+from fedmech_flwr.config import load_experiment
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.run_folder import read_status
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _validate(args: argparse.Namespace):
+    plugins.load()
+    return load_experiment(args.experiment, args.set)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _validate(args)
+    fed = cfg.federation
+    print(
+        f"OK: {args.experiment}: '{cfg.name}': {cfg.data.dataset.name} / {cfg.data.partition.name}, "
+        f"{cfg.model.name}, {fed.num_clients} clients x {fed.num_rounds} rounds, strategy {cfg.strategy.name}, "
+        f"client {cfg.client.name}, pruning {cfg.pruning.mode}"
+    )
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedmech_flwr.launch import launch
+    from fedmech_flwr.server import output_root
+
+    cfg = _validate(args)
+    root = output_root(cfg, args.out)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{cfg.name}-{stamp}"
+    suffix = 1
+    while run_dir.exists():
+        run_dir, suffix = root / f"{cfg.name}-{stamp}-{suffix}", suffix + 1
+    run_config = {
+        "experiment": str(Path(args.experiment).resolve()),
+        "overrides": json.dumps(args.set),
+        "out": str(root),
+        "run-dir": str(run_dir),
+    }
+    sim = cfg.simulation
+    result = launch(run_config, cfg.federation.num_clients, sim.cpus_per_client, sim.gpus_per_client)
+    folder_status = read_status(run_dir)["status"]
+    print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
+    if result.ok and folder_status == "completed":
+        print(f"Run folder: {run_dir}")
+        return EXIT_OK
+    if folder_status == "failed":
+        print(f"Error: {read_status(run_dir).get('error')}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from fedmech_flwr.plotting import plot_run
+
+    plugins.load()
+    for path in plot_run(args.run_dir):
+        print(path)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedmech", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, help_text in (
+        ("run", cmd_run, "run an experiment with flwr run (local simulation)"),
+        ("validate", cmd_validate, "check an experiment file without running it"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("experiment", help="experiment YAML file")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set federation.num_rounds=2 (repeatable)")
+        p.set_defaults(fn=fn)
+    sub.choices["run"].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

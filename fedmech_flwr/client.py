@@ -1,0 +1,112 @@
+"""The NumPyClient every client plug-in subclasses, and the client registry.
+
+Users asked for Flower ``NumPyClient``s, so client behaviours are NumPyClient
+subclasses: ``fit`` trains on the client's shard with the shared engine and returns
+weights as a NumPy list in ``state_dict`` order. A new behaviour (proximal term, logit
+calibration, ...) overrides ``loss`` (or ``fit``) and registers itself in ``CLIENTS``.
+``client_app.py`` adapts these clients to Flower's Message API.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from torch import nn
+
+from fedmech_flwr.config import PruningConfig, TrainConfig
+from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.pruning import MagnitudePruner, layer_sparsity, overall_sparsity
+from fedmech_flwr.registry import Registry
+from fedmech_flwr.training import evaluate, local_steps, seed_everything, train_epochs
+
+CLIENTS: Registry[type[FedMechClient]] = Registry("client")
+
+
+@dataclass
+class ClientData:
+    """One client's shard, as tensors on the training device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+
+
+class FedMechClient(NumPyClient):
+    """Local training of one client on its shard, with magnitude pruning.
+
+    The registered class is built as ``cls(params, model=..., data=..., train=...,
+    pruning=..., seed=..., partition_id=...)`` where ``params`` is the plug-in's own
+    validated config. ``fit`` expects ``config["server-round"]``.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        *,
+        model: FedMechModel,
+        data: ClientData,
+        train: TrainConfig,
+        pruning: PruningConfig,
+        seed: int,
+        partition_id: int,
+    ) -> None:
+        self.params = params
+        self.model = model
+        self.data = data
+        self.train_cfg = train
+        self.pruning = pruning
+        self.seed = seed
+        self.partition_id = partition_id
+
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
+
+    def set_parameters(self, parameters: list[np.ndarray]) -> None:
+        state = self.model.state_dict()
+        if len(parameters) != len(state):
+            raise ValueError(f"expected {len(state)} arrays in state_dict order, got {len(parameters)}")
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in zip(state, parameters)})
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The local objective; subclasses change it (the default is cross-entropy)."""
+        return nn.functional.cross_entropy(logits, y)
+
+    def round_data(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's training samples: all of them, or a seeded subset."""
+        x, y = self.data.x, self.data.y
+        cap = self.train_cfg.max_samples_per_round
+        if cap is not None and cap < len(x):
+            idx = torch.randperm(len(x), generator=generator)[:cap].to(x.device)
+            x, y = x[idx], y[idx]
+        return x, y
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+        self.set_parameters(parameters)
+        generator = seed_everything(self.seed, self.partition_id, int(config["server-round"]))
+        x, y = self.round_data(generator)
+        pruner = None
+        if self.pruning.mode == "magnitude":
+            pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
+        stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.loss, pruner)
+        local = evaluate(self.model, self.data.x, self.data.y, self.data.num_classes)
+        metrics = {
+            "train-loss": stats.loss,
+            "train-accuracy": stats.accuracy,
+            "train-seconds": stats.seconds,
+            "train-samples-per-s": stats.samples_per_s,
+            "sparsity": overall_sparsity(self.model, include_head=self.pruning.include_head),
+            "local-accuracy": local.accuracy,
+            "local-per-class-accuracy": json.dumps(local.per_class_accuracy),
+            "layer-sparsity": json.dumps(layer_sparsity(self.model)),
+        }
+        return self.get_parameters({}), stats.num_examples, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
+        self.set_parameters(parameters)
+        res = evaluate(self.model, self.data.x, self.data.y, self.data.num_classes)
+        return res.loss, res.num_examples, {"accuracy": res.accuracy}

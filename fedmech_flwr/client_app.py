@@ -1,0 +1,111 @@
+"""The Flower ClientApp: a thin Message-API adapter around the experiment's NumPyClient.
+
+Flower's current strategies speak the Message API, the user's clients are NumPyClients.
+For each train message this adapter rebuilds the client's shard from its partition-id,
+converts the global ``ArrayRecord`` to a NumPy list in ``state_dict`` order, calls the
+client's ``fit``, runs the due client-side diagnostics, and replies with:
+
+- ``arrays``: the trained weights (ArrayRecord, same names as the global model);
+- ``metrics``: ``num-examples`` and the client's numeric metrics (MetricRecord; the
+  strategy averages these);
+- ``report``: ``partition-id`` and ``details``, a JSON string with per-client values
+  that must not be averaged (per-class accuracy, per-layer sparsity, diagnostics).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedmech_flwr import plugins
+from fedmech_flwr.arrays import from_record, to_record
+from fedmech_flwr.client import CLIENTS, ClientData
+from fedmech_flwr.config import ExperimentConfig, experiment_from_json
+from fedmech_flwr.experiment import client_partitions, load_data, new_model
+from fedmech_flwr.hooks import DIAGNOSTICS, ClientContext
+from fedmech_flwr.protocol import REPORT_KEY
+from fedmech_flwr.server import CONFIG_KEY
+from fedmech_flwr.training import resolve_device
+
+app = ClientApp()
+
+_CONFIGS: dict[str, ExperimentConfig] = {}
+
+
+def _config(text: str) -> ExperimentConfig:
+    """Parse the ServerApp's config once per process (it is the same every round)."""
+    if text not in _CONFIGS:
+        plugins.load()
+        _CONFIGS[text] = experiment_from_json(text)
+    return _CONFIGS[text]
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise RuntimeError(
+            "this SuperNode has no partition-id/num-partitions; start it with "
+            "--node-config 'partition-id=I num-partitions=N'"
+        ) from err
+
+
+def _decode(value):
+    """NumPyClient metrics are scalars; ours carry lists and dicts as JSON strings."""
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        return value
+
+
+@app.query()
+def identify(msg: Message, context: Context) -> Message:
+    """Tell the server which partition this node holds (it samples by partition-id)."""
+    pid, total = _partition(context)
+    return Message(RecordDict({"node": MetricRecord({"partition-id": pid, "num-partitions": total})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    config = msg.content["config"]
+    cfg = _config(str(config[CONFIG_KEY]))
+    server_round = int(config["server-round"])
+    pid, total = _partition(context)
+    if total != cfg.federation.num_clients:
+        raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
+    torch.set_num_threads(cfg.simulation.cpus_per_client)
+    device = resolve_device(cfg.device)
+
+    bundle = load_data(cfg)
+    idx = torch.from_numpy(client_partitions(cfg, bundle)[pid])
+    data = ClientData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle.num_classes)
+    model = new_model(cfg, bundle, device)
+    global_arrays = from_record(msg.content["arrays"])
+    client = CLIENTS.get(cfg.client.name).factory(
+        cfg.client.params, model=model, data=data, train=cfg.train, pruning=cfg.pruning,
+        seed=cfg.seed, partition_id=pid,
+    )
+    params = [global_arrays[k] for k in model.state_dict()]
+    client.set_parameters(params)
+    global_model = copy.deepcopy(model)
+    new_params, num_examples, client_metrics = client.fit(params, {"server-round": server_round})
+
+    numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    details = {"metrics": {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}}
+    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, bundle.num_classes, device)
+    details["diagnostics"] = {
+        spec.name: out
+        for spec in cfg.diagnostics
+        if spec.due(server_round) and (out := DIAGNOSTICS.get(spec.name).factory(spec.params).client_side(ctx)) is not None
+    }
+    arrays = to_record(dict(zip(model.state_dict(), new_params)))
+    content = RecordDict({
+        "arrays": arrays,
+        "metrics": MetricRecord({"num-examples": int(num_examples), **numeric}),
+        REPORT_KEY: ConfigRecord({"partition-id": pid, "details": json.dumps(details)}),
+    })
+    return Message(content, reply_to=msg)

@@ -1,0 +1,250 @@
+"""Typed, validated experiment configuration loaded from YAML.
+
+Every section is a dataclass; unknown keys, wrong types and out-of-range values fail
+before anything runs, naming the file, the key, the bad value and what is allowed.
+Sections backed by a registry (dataset, partition, model, client, strategy, diagnostics)
+are written as ``{name: <registered name>, <param>: <value>, ...}`` and their parameters
+are validated into the config dataclass that the plug-in registered.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.pruning import PruningConfig
+from fedmech_flwr.registry import Registry
+from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
+
+
+def _registry(kind: str) -> Registry:
+    """The registry of one plug-in kind (imported lazily: the registries import config)."""
+    from fedmech_flwr.client import CLIENTS
+    from fedmech_flwr.data import DATASETS
+    from fedmech_flwr.hooks import DIAGNOSTICS
+    from fedmech_flwr.models import MODELS
+    from fedmech_flwr.partition import PARTITIONERS
+    from fedmech_flwr.strategy import STRATEGIES
+
+    return {
+        "dataset": DATASETS,
+        "partition": PARTITIONERS,
+        "model": MODELS,
+        "client": CLIENTS,
+        "strategy": STRATEGIES,
+        "diagnostic": DIAGNOSTICS,
+    }[kind]
+
+
+@dataclass
+class Component:
+    """A registered plug-in chosen by ``name`` and its validated parameters."""
+
+    name: str
+    params: Any
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"name": self.name, **to_plain(self.params)}
+
+
+def _parse_component(kind: str, raw: Any, where: str, extra: tuple[str, ...] = ()) -> tuple[Component, dict]:
+    registry = _registry(kind)
+    if not isinstance(raw, dict) or "name" not in raw:
+        names = ", ".join(registry.names())
+        raise ConfigError(f"expected a mapping with a 'name' key (one of: {names}), got {raw!r}", where)
+    name = raw["name"]
+    entry = registry.get(str(name), join_key(where, "name"))
+    params = {k: v for k, v in raw.items() if k != "name" and k not in extra}
+    taken = {k: raw[k] for k in extra if k in raw}
+    return Component(entry.name, parse_dataclass(entry.config_cls, params, where)), taken
+
+
+def component(kind: str, **kwargs: Any) -> Any:
+    """A dataclass field holding a ``Component`` of the registry ``kind``."""
+    return field(metadata={"parse": lambda raw, where: _parse_component(kind, raw, where)[0]}, **kwargs)
+
+
+@dataclass
+class DiagnosticSpec:
+    """A diagnostic plug-in run after aggregation every ``every`` rounds."""
+
+    name: str
+    every: int
+    params: Any
+
+    def due(self, server_round: int) -> bool:
+        return server_round % self.every == 0
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"name": self.name, "every": self.every, **to_plain(self.params)}
+
+
+def _parse_diagnostics(raw: Any, where: str) -> list[DiagnosticSpec]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"expected a list of diagnostics, got {raw!r}", where)
+    specs = []
+    for i, item in enumerate(raw):
+        comp, taken = _parse_component("diagnostic", item, f"{where}[{i}]", extra=("every",))
+        every = taken.get("every", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"every must be an integer >= 1, got {every!r}", f"{where}[{i}].every")
+        specs.append(DiagnosticSpec(comp.name, every, comp.params))
+    return specs
+
+
+@dataclass
+class DataConfig:
+    dataset: Component = component("dataset")
+    """Which dataset, e.g. ``{name: fashion_mnist, root: null}``."""
+    partition: Component = component("partition")
+    """How training samples are split over clients, e.g. ``{name: dirichlet, alpha: 0.1}``."""
+
+
+@dataclass
+class TrainConfig:
+    """Local training, identical for every client plug-in."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = field(default=1e-3, metadata={"gt": 0.0})
+    momentum: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
+    """SGD momentum (ignored by Adam)."""
+    weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
+    epochs: int = field(default=1, metadata={"ge": 1})
+    """Local epochs per round."""
+    batch_size: int = field(default=64, metadata={"ge": 1})
+    max_samples_per_round: int | None = field(default=None, metadata={"ge": 1})
+    """Train on a seeded random subset of this many local samples per round; null = all."""
+
+
+@dataclass
+class FederationConfig:
+    num_clients: int = field(default=10, metadata={"ge": 1})
+    """Number of partitions; must equal the number of SuperNodes."""
+    num_rounds: int = field(default=5, metadata={"ge": 1})
+    clients_per_round: int | None = field(default=None, metadata={"ge": 1})
+    """Clients sampled per round by partition-id with a seeded RNG; null means all."""
+    on_client_failure: Literal["fail", "continue"] = "fail"
+    """``fail`` stops the run on any failed client; ``continue`` drops it and goes on."""
+    min_replies: int = field(default=1, metadata={"ge": 1})
+    """With ``continue``: fewer successful replies than this fails the round."""
+    round_timeout_s: float = field(default=3600.0, metadata={"gt": 0.0})
+    """How long the server waits for the replies of one round."""
+    checkpoint_every: int = field(default=1, metadata={"ge": 1})
+    """Write the global model every N rounds (the final model is always written)."""
+
+
+@dataclass
+class SimulationConfig:
+    """Resources of each simulated client (Ray); ignored by the Deployment Engine."""
+
+    cpus_per_client: int = field(default=1, metadata={"ge": 1})
+    """CPU cores per client; also the client's torch thread count."""
+    gpus_per_client: float = field(default=0.0, metadata={"ge": 0.0, "le": 1.0})
+    """Fraction of a GPU per client, e.g. 0.25 runs four clients per GPU."""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str
+    data: DataConfig
+    model: Component = component("model")
+    client: Component = component("client")
+    strategy: Component = component("strategy")
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_root: str = "~/fedmech-runs"
+    """Where run folders go: absolute or ``~/...`` (the ServerApp's working directory is
+    the SuperLink's, not your project). ``--out`` or ``FEDMECH_OUT`` override it."""
+    eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    pruning: PruningConfig = field(default_factory=PruningConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    diagnostics: list[DiagnosticSpec] = field(default_factory=list, metadata={"parse": _parse_diagnostics})
+
+    def to_plain(self) -> dict[str, Any]:
+        """The resolved config as plain data (saved in the run folder, sent to clients)."""
+        return {f: to_plain(getattr(self, f)) for f in self.__dataclass_fields__}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_plain(), sort_keys=True)
+
+
+def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
+    fed = cfg.federation
+    if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
+        raise ConfigError(
+            f"clients_per_round ({fed.clients_per_round}) must be <= num_clients ({fed.num_clients})",
+            f"{where}federation.clients_per_round",
+        )
+    sampled = fed.clients_per_round or fed.num_clients
+    if fed.min_replies > sampled:
+        raise ConfigError(
+            f"min_replies ({fed.min_replies}) must be <= the clients sampled per round ({sampled})",
+            f"{where}federation.min_replies",
+        )
+    root = cfg.output_root
+    if not (Path(root).is_absolute() or root.startswith("~")):
+        raise ConfigError(
+            f"output_root must be absolute or start with '~', got {root!r}: the ServerApp runs "
+            "in the SuperLink's working directory, so a relative path would land somewhere "
+            "unexpected (use --out DIR or FEDMECH_OUT for a folder relative to you)",
+            f"{where}output_root",
+        )
+
+
+def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
+    """Validate a plain mapping (YAML contents) into an ExperimentConfig.
+
+    ``source`` names the file in error messages. Call ``fedmech_flwr.plugins.load()``
+    first so every plug-in has registered its name and config.
+    """
+    cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
+    _check_cross_field(cfg, f"{source}: ")
+    return cfg
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"expected key=value, got {item!r}", "--set")
+        dotted, value_text = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        node = out
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"cannot set {dotted!r}: '{key}' is not a mapping", "--set")
+        node[keys[-1]] = yaml.safe_load(value_text)
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read an experiment YAML file, with a clear error if it is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file not found: {path.resolve()}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"cannot parse YAML: {err}", str(path)) from err
+    return raw if raw is not None else {}
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment file."""
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    return parse_experiment(raw, str(path))
+
+
+def experiment_from_json(text: str) -> ExperimentConfig:
+    """Rebuild the resolved config that the ServerApp sends to clients."""
+    return parse_experiment(json.loads(text), "config from the ServerApp")

@@ -1,0 +1,352 @@
+"""Datasets as whole, normalised tensors in memory, looked up by name.
+
+Each registered factory decodes its files once (idx ``.gz``, ``.npz`` or torchvision's
+arrays) and normalises the full arrays in one go: there are no per-sample PIL transforms.
+Nothing is ever downloaded; a missing dataset raises DataNotFoundError that lists where
+we looked and how to get the files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.registry import Registry
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository holding ``fedmech_flwr/``; shared data lives in ``../shared``."""
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+"""Where Debian's ``dataset-fashion-mnist`` package installs the idx files."""
+
+IDX_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+FASHION_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer",
+    "dog", "frog", "horse", "ship", "truck",
+)
+CIFAR10_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+# idx type code -> numpy dtype (big-endian multi-byte values)
+_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetBundle:
+    """A dataset split into train and test tensors, already normalised."""
+
+    name: str
+    x_train: torch.Tensor = field(repr=False)
+    """float32 [N, C, H, W], normalised with the dataset's per-channel train mean/std."""
+    y_train: torch.Tensor = field(repr=False)
+    """int64 [N] class ids."""
+    x_test: torch.Tensor = field(repr=False)
+    y_test: torch.Tensor = field(repr=False)
+    num_classes: int
+    class_names: tuple[str, ...]
+
+    @property
+    def in_channels(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        """Height (= width) of the images."""
+        return self.x_train.shape[2]
+
+
+DatasetFactory = Callable[[Any], DatasetBundle]
+DATASETS: Registry[DatasetFactory] = Registry("dataset")
+
+_CACHE: dict[tuple[str, str], DatasetBundle] = {}
+
+
+def load_dataset(name: str, cfg: Any = None) -> DatasetBundle:
+    """The dataset ``name`` built from ``cfg`` (its config dataclass; None: defaults).
+
+    Cached per process by (name, repr(cfg)), so repeated calls decode the files once.
+    """
+    entry = DATASETS.get(name)
+    cfg = entry.config_cls() if cfg is None else cfg
+    key = (name, repr(cfg))
+    if key not in _CACHE:
+        _CACHE[key] = entry.factory(cfg)
+    return _CACHE[key]
+
+
+def data_home() -> Path:
+    """torchvision-style root for downloaded data, ``~/.cache/fedmech/data``."""
+    return Path("~/.cache/fedmech/data").expanduser()
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read a gzipped idx file (the MNIST format) into an array of its stored shape.
+
+    Header: two zero bytes, a type code, the number of dims, then each dim as a
+    big-endian int32; the data follows.
+    """
+    with gzip.open(path, "rb") as f:
+        raw = bytearray(f.read())  # writable, so torch.from_numpy needs no copy
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an idx file (magic bytes {raw[:4].hex()})")
+    ndim = raw[3]
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">i4", count=ndim, offset=4))
+    data = np.frombuffer(raw, _IDX_DTYPES[raw[2]], offset=4 + 4 * ndim)
+    if data.size != np.prod(dims):
+        raise ValueError(f"{path}: header says shape {dims} but holds {data.size} values")
+    return data.reshape(dims)
+
+
+def _normalise(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 images [N, H, W, C] or [N, H, W] -> float32 [N, C, H, W], normalised per channel."""
+    t = torch.from_numpy(x)
+    t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+    t = t.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
+    shape = (1, -1, 1, 1)
+    return t.sub_(torch.tensor(mean).view(shape)).div_(torch.tensor(std).view(shape))
+
+
+def _bundle(
+    name: str,
+    arrays: Sequence[np.ndarray],
+    class_names: Sequence[str],
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DatasetBundle:
+    """Normalise uint8 ``(x_train, y_train, x_test, y_test)`` into a bundle."""
+    x_train, y_train, x_test, y_test = arrays
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if len(x) != len(y):
+            raise ValueError(f"{name}: {len(x)} {split} images but {len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() >= len(class_names)):
+            raise ValueError(f"{name}: {split} labels outside 0..{len(class_names) - 1}")
+    bundle = DatasetBundle(
+        name=name,
+        x_train=_normalise(x_train, mean, std),
+        y_train=torch.from_numpy(y_train.astype(np.int64)),
+        x_test=_normalise(x_test, mean, std),
+        y_test=torch.from_numpy(y_test.astype(np.int64)),
+        num_classes=len(class_names),
+        class_names=tuple(class_names),
+    )
+    n_train, n_test, shape = len(bundle.y_train), len(bundle.y_test), bundle.x_train.shape[1:]
+    log.info("%s: %d train / %d test images of shape %s", name, n_train, n_test, tuple(shape))
+    return bundle
+
+
+def _missing(what: str, looked: Sequence[object], how: str) -> DataNotFoundError:
+    places = "\n".join(f"  - {p}" for p in looked)
+    return DataNotFoundError(f"{what} not found. Looked in:\n{places}\nTo get it: {how}")
+
+
+def _load_idx_dataset(
+    name: str, dirs: Sequence[Path], how: str, class_names: Sequence[str], mean: float, std: float
+) -> DatasetBundle:
+    """Load the four idx files from the first directory in ``dirs`` holding all of them."""
+    dirs = [d.expanduser().resolve() for d in dirs]
+    for d in dirs:
+        if all((d / f).is_file() for f in IDX_FILES):
+            log.info("%s: reading idx files from %s", name, d)
+            arrays = [read_idx(d / f) for f in IDX_FILES]
+            return _bundle(name, arrays, class_names, (mean,), (std,))
+    looked = [
+        f"{d} (missing {', '.join(f for f in IDX_FILES if not (d / f).is_file())})"
+        if d.is_dir() else f"{d} (no such directory)"
+        for d in dirs
+    ]
+    raise _missing(name, looked, how)
+
+
+@dataclass
+class FashionMNISTConfig:
+    root: str | None = None
+    """Directory with the idx .gz files, or a torchvision root (<root>/FashionMNIST/raw).
+    None: Debian's /usr/share/datasets/fashion-mnist, then ~/.cache/fedmech/data."""
+
+
+@DATASETS.register("fashion_mnist", FashionMNISTConfig)
+def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
+    """Fashion-MNIST, 60000/10000 grey 28x28 images, 10 classes."""
+    if cfg.root is None:
+        dirs = [DEBIAN_FASHION_MNIST, data_home() / "FashionMNIST" / "raw"]
+    else:
+        dirs = [Path(cfg.root), Path(cfg.root) / "FashionMNIST" / "raw"]
+    how = (
+        "on Debian/Ubuntu `apt-get install dataset-fashion-mnist`; or, on a machine with "
+        "network, `python -c \"import torchvision; torchvision.datasets.FashionMNIST("
+        "'~/.cache/fedmech/data', download=True)\"`; or point `data.root: /path` at a "
+        "directory holding the four idx .gz files. Nothing is downloaded automatically."
+    )
+    return _load_idx_dataset("fashion_mnist", dirs, how, FASHION_CLASSES, 0.2860, 0.3530)
+
+
+@dataclass
+class MNISTConfig:
+    root: str | None = None
+    """Directory with the idx .gz files, or a torchvision root (<root>/MNIST/raw).
+    None: ~/.cache/fedmech/data/MNIST/raw."""
+
+
+@DATASETS.register("mnist", MNISTConfig)
+def mnist(cfg: MNISTConfig) -> DatasetBundle:
+    """MNIST digits, 60000/10000 grey 28x28 images, 10 classes."""
+    if cfg.root is None:
+        dirs = [data_home() / "MNIST" / "raw"]
+    else:
+        dirs = [Path(cfg.root), Path(cfg.root) / "MNIST" / "raw"]
+    how = (
+        "on a machine with network, `python -c \"import torchvision; "
+        "torchvision.datasets.MNIST('~/.cache/fedmech/data', download=True)\"`; or point "
+        "`data.root: /path` at a directory holding the four idx .gz files. Nothing is "
+        "downloaded automatically."
+    )
+    return _load_idx_dataset("mnist", dirs, how, [str(i) for i in range(10)], 0.1307, 0.3081)
+
+
+@dataclass
+class CIFAR10Config:
+    root: str | None = None
+    """torchvision root holding cifar-10-batches-py (used when ``npz`` is not set)."""
+    npz: str | None = None
+    """An .npz with uint8 x_train/x_test [N, 32, 32, 3] and y_train/y_test [N]. With
+    neither set: $FEDMECH_CIFAR10_NPZ, ../shared/data/cifar10/cifar10.npz beside the
+    repository, then ~/.cache/fedmech/data/cifar-10-batches-py."""
+
+
+_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+_CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+@DATASETS.register("cifar10", CIFAR10Config)
+def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
+    """CIFAR-10, 50000/10000 RGB 32x32 images, 10 classes, from an .npz or torchvision."""
+    if cfg.npz is not None:
+        candidates = [Path(cfg.npz)]
+    elif cfg.root is not None:
+        candidates = [Path(cfg.root) / "cifar-10-batches-py"]
+    else:
+        env = os.environ.get("FEDMECH_CIFAR10_NPZ")
+        candidates = [Path(env)] if env else []
+        candidates += [
+            REPO_ROOT.parent / "shared" / "data" / "cifar10" / "cifar10.npz",
+            data_home() / "cifar-10-batches-py",
+        ]
+    candidates = [p.expanduser().resolve() for p in candidates]
+    for path in candidates:
+        if path.suffix == ".npz" and path.is_file():
+            log.info("cifar10: loading %s", path)
+            arrays, names = _read_cifar_npz(path)
+            return _bundle("cifar10", arrays, names, _CIFAR_MEAN, _CIFAR_STD)
+        if path.name == "cifar-10-batches-py" and path.is_dir():
+            arrays = _read_cifar_torchvision(path.parent)
+            return _bundle("cifar10", arrays, CIFAR10_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
+    how = (
+        "set `data.npz: /path/cifar10.npz` (or $FEDMECH_CIFAR10_NPZ) to an .npz holding "
+        "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]; or, on a machine "
+        "with network, `python -c \"import torchvision; torchvision.datasets.CIFAR10("
+        "'~/.cache/fedmech/data', download=True)\"`. Nothing is downloaded automatically."
+    )
+    raise _missing("cifar10", candidates, how)
+
+
+def _read_cifar_npz(path: Path) -> tuple[list[np.ndarray], tuple[str, ...]]:
+    """The four CIFAR-10 arrays from ``path``, checked; class names if it stores them."""
+    expected = "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]"
+    with np.load(path, allow_pickle=False) as z:
+        missing = [k for k in CIFAR10_KEYS if k not in z.files]
+        if missing:
+            raise ConfigError(
+                f"{path} is not a CIFAR-10 npz: missing array(s) {missing} "
+                f"(it has {z.files}); expected {expected}"
+            )
+        arrays = [z[k] for k in CIFAR10_KEYS]
+        names = tuple(str(n) for n in z["label_names"]) if "label_names" in z.files else ()
+    for x, y, split in ((arrays[0], arrays[1], "train"), (arrays[2], arrays[3], "test")):
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (32, 32, 3):
+            raise ConfigError(f"{path}: x_{split} is {x.dtype} {x.shape}; expected {expected}")
+        if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
+            raise ConfigError(
+                f"{path}: y_{split} is {y.dtype} {y.shape} for {len(x)} images; "
+                f"expected {expected}"
+            )
+    return arrays, names if len(names) == 10 else CIFAR10_CLASSES
+
+
+def _read_cifar_torchvision(root: Path) -> list[np.ndarray]:
+    """The four CIFAR-10 arrays via torchvision's reader of the official pickles."""
+    import torchvision  # slow import, only needed here
+
+    log.info("cifar10: reading torchvision files under %s", root)
+    arrays = []
+    for train in (True, False):
+        try:
+            ds = torchvision.datasets.CIFAR10(str(root), train=train, download=False)
+        except RuntimeError as err:  # torchvision's md5 check failed
+            raise DataNotFoundError(f"{root / 'cifar-10-batches-py'}: {err}") from err
+        arrays += [ds.data, np.asarray(ds.targets)]
+    return arrays
+
+
+@dataclass
+class SyntheticConfig:
+    num_train: int = field(default=600, metadata={"ge": 1})
+    num_test: int = field(default=200, metadata={"ge": 1})
+    num_classes: int = field(default=10, metadata={"ge": 2})
+    image_size: int = field(default=12, metadata={"ge": 4})
+    channels: int = field(default=1, metadata={"ge": 1})
+    seed: int = 0
+    """Same seed, same prototypes and samples."""
+
+
+@DATASETS.register("synthetic", SyntheticConfig)
+def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
+    """A tiny learnable set for tests: each class is a fixed smooth random prototype
+    image, each sample its prototype plus pixel noise; labels are balanced.
+
+    Prototypes are drawn at a quarter of the resolution and upsampled, so nearby pixels
+    agree and a small CNN with pooling picks them up within a few epochs.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    low = max(2, cfg.image_size // 4)
+    coarse = rng.normal(size=(cfg.num_classes, cfg.channels, low, low)).astype(np.float32)
+    protos = torch.nn.functional.interpolate(
+        torch.from_numpy(coarse), size=cfg.image_size, mode="bilinear", align_corners=False
+    )
+
+    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.from_numpy(rng.permutation(np.arange(n) % cfg.num_classes))
+        noise = rng.normal(scale=1.0, size=(n, *protos.shape[1:])).astype(np.float32)
+        return protos[y] + torch.from_numpy(noise), y
+
+    x_train, y_train = sample(cfg.num_train)
+    x_test, y_test = sample(cfg.num_test)
+    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True)
+    return DatasetBundle(
+        name="synthetic",
+        x_train=(x_train - mean) / std,
+        y_train=y_train,
+        x_test=(x_test - mean) / std,
+        y_test=y_test,
+        num_classes=cfg.num_classes,
+        class_names=tuple(f"class {i}" for i in range(cfg.num_classes)),
+    )

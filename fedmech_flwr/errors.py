@@ -1,0 +1,16 @@
+"""Errors that tell the user what was expected, what was received and what to do."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An invalid experiment configuration; ``where`` names the file and key."""
+
+    def __init__(self, message: str, where: str = "") -> None:
+        self.message = message
+        self.where = where
+        super().__init__(f"{message} in {where}" if where else message)
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset is not on disk; the message lists where we looked and how to get it."""

@@ -1,0 +1,147 @@
+"""Run an experiment with real ``flwr run`` on a private, short-lived local SuperLink.
+
+Each launch starts its own ``flower-superlink --simulation`` on free ports, from a
+neutral working directory, with its own FLWR_HOME, so runs never pick up another
+checkout's code through a shared managed SuperLink (Ray actors put the SuperLink's
+working directory first on ``sys.path``). Runtime dependency installation is off (it
+would ``uv sync`` a fresh environment over the installed torch). The run's real status
+is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed), and
+everything started here is stopped before returning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedmech_flwr.run_folder import APP_DIR
+
+log = logging.getLogger(__name__)
+
+CONNECTION = "fedmech"
+QUIET_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class LaunchResult:
+    run_id: int | None
+    status: str
+    """Flower's run status, e.g. ``finished:completed`` or ``finished:failed``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """A Flower executable from this interpreter's environment (else from PATH)."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def _wait_for_health(port: int, proc: subprocess.Popen, log_file: Path, timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"flower-superlink did not become healthy within {timeout:.0f}s; see {log_file}")
+
+
+def _run_status(env: dict[str, str], run_id: int, cwd: Path) -> str:
+    out = subprocess.run(
+        [_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+    )
+    try:
+        runs = json.loads(out.stdout)["runs"]
+        return str(runs[0]["status"])
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
+
+
+def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int, gpus_per_client: float) -> LaunchResult:
+    """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink."""
+    with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp:
+        home = Path(tmp)
+        port = _free_port()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+        )
+        env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray")}
+        # The SuperLink starts flower-superexec and flwr-simulation by name.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env.setdefault("UV_CACHE_DIR", str(home / "uv"))
+        log_file = home / "superlink.log"
+        superlink = subprocess.Popen(
+            [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+             "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
+             "--log-file", str(log_file), "--disable-runtime-dependency-installation"],
+            cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            _wait_for_health(port, superlink, log_file)
+            run_args = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
+            federation = (
+                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client} "
+                f"client-resources-num-gpus={gpus_per_client}"
+            )
+            cmd = [_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
+                   "--run-config", run_args, "--federation-config", federation]
+            run_id = None
+            with subprocess.Popen(cmd, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
+                        run_id = int(m.group(1))
+            if run_id is None:
+                return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
+            return LaunchResult(run_id, _run_status(env, run_id, home))
+        finally:
+            _stop(superlink)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a process started in its own session, and everything it started."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            continue

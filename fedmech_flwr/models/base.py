@@ -1,0 +1,101 @@
+"""The interface every model shares, and the model registry.
+
+Diagnostics (circuit gates, hooks, pruning) rely only on this interface and never branch
+on model class (timm's idea): penultimate features, a linear head and named gate points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from fedmech_flwr.registry import Registry
+from fedmech_flwr.typed import parse_dataclass
+
+ModelFactory = Callable[..., "FedMechModel"]
+"""``factory(cfg, *, in_channels, num_classes, image_size) -> FedMechModel``."""
+
+MODELS: Registry[ModelFactory] = Registry("model")
+
+
+class FedMechModel(nn.Module):
+    """Base class of all models.
+
+    Subclasses set ``num_classes``, ``feature_dim``, the classifier ``self.head`` and
+    ``self._gates`` (gate name -> (path of the conv/linear layer, path of the module whose
+    output is the gated activation)), and implement ``forward_features``.
+    """
+
+    num_classes: int
+    feature_dim: int
+    head: nn.Linear
+    _gates: dict[str, tuple[str, str]]
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Penultimate features ``[N, feature_dim]`` (after the last body layer, pooled)."""
+        raise NotImplementedError
+
+    def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
+        """Logits, or with ``pre_logits`` the features fed to the classifier, unchanged."""
+        return features if pre_logits else self.head(features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Linear:
+        return self.head
+
+    def gated_layers(self) -> dict[str, int]:
+        """Gate name -> output channels, for every conv/linear layer but the head, in
+        forward order."""
+        return {
+            name: _out_channels(self.get_submodule(layer))
+            for name, (layer, _) in self._gates.items()
+        }
+
+    def layer_module(self, name: str, before_norm: bool = False) -> nn.Module:
+        """The module whose output is gate ``name``'s activation.
+
+        That is after normalisation, so zeroing a channel really removes it; with
+        ``before_norm`` it is the conv/linear layer itself (where the paper's code gated).
+        """
+        if name not in self._gates:
+            raise KeyError(f"no gated layer '{name}'; gated layers: {', '.join(self._gates)}")
+        layer, gate_point = self._gates[name]
+        return self.get_submodule(layer if before_norm else gate_point)
+
+    def prunable_parameters(self) -> dict[str, nn.Parameter]:
+        """Weights (no biases, no norms) of all conv/linear layers, head included, keyed
+        by their state_dict names."""
+        return {
+            f"{name}.weight": module.weight
+            for name, module in self.named_modules()
+            if isinstance(module, (nn.Conv2d, nn.Linear))
+        }
+
+    def head_parameter_names(self) -> set[str]:
+        """state_dict names of the head's parameters (so pruning can leave them out)."""
+        return {f"head.{name}" for name, _ in self.head.named_parameters()}
+
+
+def _out_channels(module: nn.Module) -> int:
+    if isinstance(module, nn.Conv2d):
+        return module.out_channels
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    raise TypeError(f"gated layers must be Conv2d or Linear, got {type(module).__name__}")
+
+
+def build_model(
+    name: str, cfg: Any, *, in_channels: int, num_classes: int, image_size: int
+) -> FedMechModel:
+    """Build registered model ``name``; ``cfg`` is its config dataclass, or a mapping
+    (or None for defaults) that is validated into it."""
+    entry = MODELS.get(name)
+    if not isinstance(cfg, entry.config_cls):
+        cfg = parse_dataclass(entry.config_cls, cfg, "model")
+    return entry.factory(
+        cfg, in_channels=in_channels, num_classes=num_classes, image_size=image_size
+    )

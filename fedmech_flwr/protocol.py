@@ -1,0 +1,262 @@
+"""The round protocol that wraps any Flower strategy (the way Flower's DP wrappers do).
+
+``RoundProtocol`` adds, around whatever strategy the experiment names:
+
+- sampling by partition-id with a seeded RNG (Flower samples node IDs, which are random
+  per run); the inner strategy is offered only the sampled nodes and trains all of them;
+- aggregation in partition-id order (bitwise-reproducible sums);
+- the failed-client policy (``fail`` the run, or ``continue`` with at least N replies),
+  always written to the per-round log;
+- the mask policy after aggregation (optional server-side re-pruning);
+- the per-client record of every round (FedAvg only keeps averaged metrics);
+- the diagnostics hook: every due diagnostic sees the round's models and data.
+
+So every strategy, built-in or user-written, gets the same protocol and diagnostics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedmech_flwr.arrays import NamedArrays, from_record, to_record
+from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
+from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.run_folder import RunFolder
+
+log = logging.getLogger(__name__)
+
+REPORT_KEY = "report"
+"""Name of the ConfigRecord in a train reply with the client's partition-id and details."""
+
+
+class ClientFailure(RuntimeError):
+    """A client failed and the experiment's policy says the run must stop."""
+
+
+def discover_partitions(grid: Grid, expected: int, timeout: float) -> dict[int, int]:
+    """Ask every node for its partition-id; return ``{partition_id: node_id}``.
+
+    Waits until ``expected`` nodes are connected. Fails clearly when the federation
+    does not match the experiment (wrong node count, duplicate or missing partitions).
+    """
+    deadline = time.monotonic() + timeout
+    while len(node_ids := sorted(grid.get_node_ids())) < expected:
+        if time.monotonic() > deadline:
+            raise ClientFailure(
+                f"only {len(node_ids)} of {expected} SuperNodes connected within {timeout:.0f}s; "
+                f"federation.num_clients is {expected}: start that many SuperNodes "
+                f"(simulation: --federation-config 'num-supernodes={expected}')"
+            )
+        time.sleep(1)
+    if len(node_ids) > expected:
+        raise ClientFailure(
+            f"{len(node_ids)} SuperNodes are connected but federation.num_clients is {expected}; "
+            f"run with as many SuperNodes as clients (simulation: --federation-config "
+            f"'num-supernodes={expected}') or set federation.num_clients={len(node_ids)}"
+        )
+    queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
+    replies = list(grid.send_and_receive(queries, timeout=timeout))
+    mapping: dict[int, int] = {}
+    for reply in replies:
+        if reply.has_error():
+            raise ClientFailure(f"node {reply.metadata.src_node_id} failed to report its partition: {reply.error.reason}")
+        info = reply.content.metric_records["node"]
+        pid, total = int(info["partition-id"]), int(info["num-partitions"])
+        if total != expected:
+            raise ClientFailure(
+                f"node {reply.metadata.src_node_id} says num-partitions={total}, but "
+                f"federation.num_clients is {expected}; they must agree"
+            )
+        if pid in mapping:
+            raise ClientFailure(f"two nodes claim partition-id {pid}; each node needs its own")
+        mapping[pid] = reply.metadata.src_node_id
+    missing = sorted(set(range(expected)) - set(mapping))
+    if missing:
+        raise ClientFailure(f"no node answered for partition-id(s) {missing}")
+    return dict(sorted(mapping.items()))
+
+
+class _OfferedGrid(Grid):
+    """A view of a Grid whose ``get_node_ids`` lists only the nodes sampled this round."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid = grid
+        self._node_ids = node_ids
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._node_ids)
+
+    def set_run(self, run):  # noqa: ANN001, D102 - delegation
+        self._grid.set_run(run)
+
+    @property
+    def run(self):  # noqa: D102
+        return self._grid.run
+
+    def create_message(self, *args, **kwargs):  # noqa: D102
+        return self._grid.create_message(*args, **kwargs)
+
+    def push_messages(self, messages):  # noqa: D102
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):  # noqa: D102
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+@dataclass
+class RoundSummary:
+    """Book-keeping of the current round, read by the server's evaluation step."""
+
+    server_round: int = 0
+    sampled: tuple[int, ...] = ()
+    succeeded: tuple[int, ...] = ()
+    started_at: float = 0.0
+
+
+def client_update(reply: Message) -> ClientUpdate:
+    """Unpack a train reply (arrays, metrics, report) into a ClientUpdate."""
+    content = reply.content
+    report = content.config_records[REPORT_KEY]
+    details = json.loads(str(report["details"]))
+    arrays_record = next(iter(content.array_records.values()))
+    metrics = dict(next(iter(content.metric_records.values())))
+    return ClientUpdate(
+        partition_id=int(report["partition-id"]),
+        arrays=from_record(arrays_record),
+        num_examples=int(metrics["num-examples"]),
+        metrics={**metrics, **details.get("metrics", {})},
+        diagnostics=details.get("diagnostics", {}),
+    )
+
+
+class RoundProtocol(Strategy):
+    """Wrap ``strategy`` with fedmech's round protocol and diagnostics hook.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        Any Flower strategy that trains every node it is offered (built with
+        ``fraction_train=1.0`` and minimum node counts of 1).
+    cfg : ExperimentConfig
+        The resolved experiment (sampling, failure policy, seed, diagnostics).
+    partitions : dict[int, int]
+        ``{partition_id: node_id}`` from :func:`discover_partitions`.
+    diagnostics : list[tuple[DiagnosticSpec, Diagnostic]]
+        The diagnostics to run after aggregation, each with its schedule.
+    make_state : callable
+        Builds the ``RoundState`` from (round, global arrays, previous arrays, clients).
+    recorder : RunFolder
+        Where per-client records, failures and diagnostic results are written.
+    post_aggregate : callable, optional
+        Applied to the aggregated arrays before anything else sees them (mask policy).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        cfg: ExperimentConfig,
+        partitions: dict[int, int],
+        diagnostics: list[tuple[DiagnosticSpec, Diagnostic]],
+        make_state: Callable[[int, NamedArrays, NamedArrays, dict[int, ClientUpdate]], RoundState],
+        recorder: RunFolder,
+        post_aggregate: Callable[[NamedArrays], NamedArrays] | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.cfg = cfg
+        self.partitions = partitions
+        self.node_to_partition = {node: pid for pid, node in partitions.items()}
+        self.diagnostics = diagnostics
+        self.make_state = make_state
+        self.recorder = recorder
+        self.post_aggregate = post_aggregate
+        self.current = RoundSummary()
+        self._sent_arrays: NamedArrays = {}
+
+    def sample(self, server_round: int) -> list[int]:
+        """Partition-ids trained in ``server_round`` (seeded by seed and round; sorted)."""
+        fed = self.cfg.federation
+        everyone = sorted(self.partitions)
+        if fed.clients_per_round is None or fed.clients_per_round >= len(everyone):
+            return everyone
+        rng = np.random.default_rng([self.cfg.seed, server_round, 7919])
+        return sorted(int(p) for p in rng.choice(everyone, size=fed.clients_per_round, replace=False))
+
+    def summary(self) -> None:
+        log.info("RoundProtocol around %s", type(self.strategy).__name__)
+        self.strategy.summary()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        sampled = self.sample(server_round)
+        self.current = RoundSummary(server_round, tuple(sampled), (), time.perf_counter())
+        self._sent_arrays = from_record(arrays)
+        offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
+        return list(self.strategy.configure_train(server_round, arrays, config, offered))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        ok = sorted(
+            (r for r in replies if not r.has_error()),
+            key=lambda r: self.node_to_partition[r.metadata.src_node_id],
+        )
+        self._apply_failure_policy(server_round, replies, ok)
+        updates = {u.partition_id: u for u in map(client_update, ok)}
+        self.current.succeeded = tuple(updates)
+        for update in updates.values():
+            self.recorder.client(server_round, update)
+        arrays, metrics = self.strategy.aggregate_train(server_round, ok)
+        if arrays is None:
+            raise ClientFailure(f"round {server_round}: {type(self.strategy).__name__} returned no aggregated model")
+        if self.post_aggregate is not None:
+            arrays = to_record(self.post_aggregate(from_record(arrays)))
+        self._run_diagnostics(server_round, arrays, updates)
+        return arrays, metrics
+
+    def _apply_failure_policy(self, server_round: int, replies: list[Message], ok: list[Message]) -> None:
+        fed = self.cfg.federation
+        replied = {self.node_to_partition[r.metadata.src_node_id] for r in replies}
+        failures = [
+            (self.node_to_partition[r.metadata.src_node_id], r.error.reason) for r in replies if r.has_error()
+        ] + [(pid, f"no reply within {fed.round_timeout_s:.0f}s") for pid in self.current.sampled if pid not in replied]
+        for pid, reason in failures:
+            self.recorder.failure(server_round, pid, reason, fed.on_client_failure)
+            log.warning("round %d: client %d failed: %s", server_round, pid, reason)
+        if failures and fed.on_client_failure == "fail":
+            pid, reason = failures[0]
+            raise ClientFailure(
+                f"round {server_round}: client {pid} failed ({reason}); "
+                "federation.on_client_failure is 'fail' (set it to 'continue' to drop failed clients)"
+            )
+        if len(ok) < fed.min_replies:
+            raise ClientFailure(
+                f"round {server_round}: only {len(ok)} successful replies, federation.min_replies is {fed.min_replies}"
+            )
+
+    def _run_diagnostics(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
+        due = [(spec, diag) for spec, diag in self.diagnostics if spec.due(server_round)]
+        if not due:
+            return
+        global_arrays = from_record(arrays)
+        state = self.make_state(server_round, global_arrays, self._sent_arrays, updates)
+        for spec, diag in due:
+            start = time.perf_counter()
+            result: DiagnosticResult = diag.server_side(state)
+            self.recorder.diagnostic(server_round, spec.name, result, time.perf_counter() - start)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])
+        return self.strategy.configure_evaluate(server_round, arrays, config, offered)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)

@@ -1,0 +1,71 @@
+"""One registry type for models, datasets, partitions, clients, strategies, diagnostics.
+
+A name maps to a factory and the typed config dataclass its parameters are validated
+into. Registering a name twice is an error; an unknown name lists the registered ones and
+suggests the closest.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from fedmech_flwr.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Entry(Generic[F]):
+    """A registered factory and the dataclass its parameters validate into."""
+
+    name: str
+    factory: F
+    config_cls: type
+
+
+@dataclass(frozen=True)
+class _NoParams:
+    """Config for factories that take no parameters."""
+
+
+class Registry(Generic[F]):
+    """Maps names to factories of one kind (``kind`` names it in error messages)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[F]] = {}
+
+    def register(self, name: str, config_cls: type | None = None) -> Callable[[F], F]:
+        """Decorator: register ``factory`` under ``name`` with its config dataclass."""
+
+        def decorator(factory: F) -> F:
+            if name in self._entries:
+                raise ValueError(
+                    f"{self.kind} '{name}' is already registered "
+                    f"(by {self._entries[name].factory!r}); pick another name"
+                )
+            self._entries[name] = Entry(name, factory, config_cls or _NoParams)
+            return factory
+
+        return decorator
+
+    def get(self, name: str, where: str = "") -> Entry[F]:
+        """The entry for ``name``; unknown names raise a ConfigError with suggestions."""
+        if name in self._entries:
+            return self._entries[name]
+        close = difflib.get_close_matches(name, self._entries, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"unknown {self.kind} '{name}'{hint} Registered: {', '.join(self.names())}",
+            where,
+        )
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries

@@ -1,0 +1,51 @@
+"""The Flower ServerApp (``[tool.flwr.app.components] serverapp``).
+
+Run config keys (declared in pyproject.toml): ``experiment`` (YAML path, relative to the
+app), ``overrides`` (JSON list of ``key=value`` strings), ``out`` (output root) and
+``run-dir`` (an exact run folder). ``fedmech run`` fills them in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedmech_flwr import plugins
+from fedmech_flwr.config import load_experiment
+from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.server import run_experiment
+
+app = ServerApp()
+
+
+def show_logs() -> None:
+    """Send fedmech's INFO logs to the console Flower streams to the user."""
+    logger = logging.getLogger("fedmech_flwr")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("fedmech %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    show_logs()
+    plugins.load()
+    rc = context.run_config
+    path = Path(str(rc["experiment"])).expanduser()
+    if not path.is_absolute():
+        path = APP_DIR / path
+    overrides = json.loads(str(rc.get("overrides") or "[]"))
+    cfg = load_experiment(path, overrides)
+    run_experiment(
+        grid,
+        cfg,
+        out=str(rc.get("out") or "") or None,
+        run_dir=str(rc.get("run-dir") or "") or None,
+        run_config=dict(rc),
+    )

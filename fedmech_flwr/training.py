@@ -1,0 +1,132 @@
+"""The training engine: local epochs over in-memory tensors, evaluation, seeding, devices.
+
+Data stays as tensors (decoded and normalised once); batches are index slices, so no
+per-sample transforms run in the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedmech_flwr.config import TrainConfig
+from fedmech_flwr.pruning import MagnitudePruner
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto`` picks CUDA when present; ``cuda`` without a GPU is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda was requested but torch sees no CUDA device; use auto or cpu")
+    if choice in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def seed_everything(*parts: int) -> torch.Generator:
+    """Seed Python, NumPy and torch from a tuple (e.g. seed, partition-id, round).
+
+    Returns a CPU generator for batch order, so data order does not depend on how many
+    random numbers other code drew before.
+    """
+    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+@dataclass
+class TrainStats:
+    loss: float
+    accuracy: float
+    num_examples: int
+    steps: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.num_examples / self.seconds if self.seconds > 0 else 0.0
+
+
+def local_steps(num_samples: int, cfg: TrainConfig) -> int:
+    """Optimizer steps one client takes in one round (the pruning schedule's length)."""
+    return cfg.epochs * -(-num_samples // cfg.batch_size)
+
+
+def train_epochs(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: TrainConfig,
+    generator: torch.Generator,
+    loss_fn: LossFn,
+    pruner: MagnitudePruner | None = None,
+) -> TrainStats:
+    """Train ``model`` for ``cfg.epochs`` epochs on (x, y), pruning after every step."""
+    model.train()
+    optimizer = make_optimizer(model.parameters(), cfg)
+    n = len(x)
+    total_loss, correct, seen, step = 0.0, 0, 0, 0
+    start = time.perf_counter()
+    for _ in range(cfg.epochs):
+        order = torch.randperm(n, generator=generator).to(x.device)
+        for i in range(0, n, cfg.batch_size):
+            idx = order[i : i + cfg.batch_size]
+            xb, yb = x[idx], y[idx]
+            logits = model(xb)
+            loss = loss_fn(logits, yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if pruner is not None:
+                pruner.step(step)
+            step += 1
+            total_loss += loss.item() * len(yb)
+            correct += (logits.argmax(1) == yb).sum().item()
+            seen += len(yb)
+    seconds = time.perf_counter() - start
+    return TrainStats(total_loss / max(seen, 1), correct / max(seen, 1), seen, step, seconds)
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    accuracy: float
+    per_class_accuracy: list[float | None]
+    """Recall of each class; None for a class with no samples in the evaluated set."""
+    num_examples: int
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000) -> EvalResult:
+    """Cross-entropy loss, accuracy and per-class accuracy (recall) of ``model`` on (x, y)."""
+    model.eval()
+    loss_sum, preds = 0.0, []
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i : i + batch_size])
+        loss_sum += nn.functional.cross_entropy(logits, y[i : i + batch_size], reduction="sum").item()
+        preds.append(logits.argmax(1))
+    pred = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long, device=x.device)
+    hits = (pred == y).float()
+    counts = torch.bincount(y, minlength=num_classes)
+    correct = torch.bincount(y, weights=hits, minlength=num_classes)
+    per_class = [(correct[c] / counts[c]).item() if counts[c] > 0 else None for c in range(num_classes)]
+    n = len(y)
+    return EvalResult(loss_sum / max(n, 1), hits.mean().item() if n else 0.0, per_class, n)

@@ -1,0 +1,147 @@
+"""Validate plain dicts (from YAML) into typed dataclasses, with errors that name the key.
+
+Supported field types: bool, int, float, str, ``Literal[...]`` (choices), ``X | None``,
+``list[X]``, ``dict[K, V]`` and nested dataclasses. Ranges live in field metadata
+(``gt``, ``ge``, ``lt``, ``le``); a field whose metadata has ``parse`` (a callable taking
+the raw value and its location) is parsed by it. Unknown keys are errors, never silently
+dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union
+
+from fedmech_flwr.errors import ConfigError
+
+T = TypeVar("T")
+
+_RANGE_CHECKS = {
+    "gt": (lambda v, b: v > b, ">"),
+    "ge": (lambda v, b: v >= b, ">="),
+    "lt": (lambda v, b: v < b, "<"),
+    "le": (lambda v, b: v <= b, "<="),
+}
+
+
+def parse_dataclass(cls: type[T], data: Any, where: str) -> T:
+    """Build ``cls`` from ``data`` (a mapping), validating every field.
+
+    ``where`` is a location prefix for messages, e.g. ``"experiments/x.yaml: data"``.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping, got {type(data).__name__} {data!r}", where)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        allowed = ", ".join(sorted(fields)) or "(none)"
+        raise ConfigError(f"unknown key(s) {unknown}; allowed keys: {allowed}", where)
+    kwargs = {}
+    for name, f in fields.items():
+        key_where = join_key(where, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing required key '{name}'", key_where)
+            continue
+        parse = f.metadata.get("parse")
+        value = parse(data[name], key_where) if parse else _coerce(hints[name], data[name], key_where)
+        _check_range(f, value, key_where)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def join_key(where: str, key: str) -> str:
+    """``"x.yaml:"`` + ``data`` -> ``"x.yaml: data"``; ``"x.yaml: data"`` + ``seed`` -> ``"x.yaml: data.seed"``."""
+    if not where:
+        return key
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses, lists and dicts as plain Python (for YAML/JSON).
+
+    Objects with their own ``to_plain()`` method (plug-in components) use it.
+    """
+    if hasattr(obj, "to_plain"):
+        return obj.to_plain()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _check_range(f: dataclasses.Field, value: Any, where: str) -> None:
+    for key, (ok, symbol) in _RANGE_CHECKS.items():
+        if key in f.metadata and value is not None and not ok(value, f.metadata[key]):
+            bound = f.metadata[key]
+            raise ConfigError(f"{f.name} must be {symbol} {bound}, got {value!r}", where)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _coerce(option, value, where)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise ConfigError("; ".join(errors), where)
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"got {value!r}; choose one of {choices}", where)
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"expected a list, got {value!r}", where)
+        return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"expected a mapping, got {value!r}", where)
+        return {
+            _coerce(args[0], k, join_key(where, str(k))): _coerce(args[1], v, join_key(where, str(k)))
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(tp):
+        return parse_dataclass(tp, value, where)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"expected true or false, got {value!r}", where)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"expected an integer, got {value!r}", where)
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"expected a number, got {value!r}", where)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {value!r}", where)
+        return value
+    raise TypeError(f"unsupported config field type {_type_name(tp)} at {where}")

@@ -1,0 +1,10 @@
+"""Strategy plug-ins: Flower strategies registered in ``fedmech_flwr.strategy.STRATEGIES``.
+
+How to add one: subclass a Flower strategy, override one step (the way Flower's FedProx
+overrides ``configure_train``), write a factory ``f(params) -> Strategy`` that passes
+``**OFFERED_NODES_ONLY``, register it with ``@STRATEGIES.register("name", ConfigCls)``
+and import the module here. Sampling, failure policy and diagnostics come from the round
+protocol that wraps every strategy.
+"""
+
+from strategies import fedavg  # noqa: F401

@@ -1,0 +1,53 @@
+"""FedAvg (McMahan et al. 2017, arXiv:1602.05629), weighted by examples or uniform.
+
+The client must return its weights and ``num-examples`` in the reply's MetricRecord.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.serverapp.strategy import FedAvg
+
+from fedmech_flwr.arrays import from_record, to_record, weighted_mean
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+
+
+@dataclass
+class FedAvgConfig:
+    weighting: Literal["examples", "uniform"] = "examples"
+    """``examples`` is canonical FedAvg (weights proportional to local sample counts);
+    ``uniform`` averages clients equally, as the paper's code does."""
+
+
+class WeightedFedAvg(FedAvg):
+    """Flower's FedAvg with a choice of client weights and dtype-preserving averaging.
+
+    Overrides only ``aggregate_train``: the mean is taken in float64, in the order the
+    replies arrive (the round protocol sorts them by partition-id), and integer buffers
+    stay integers (Flower's own average turns them into float64).
+    """
+
+    def __init__(self, weighting: str = "examples", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weighting = weighting
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(list(replies), is_train=True)
+        if not valid:
+            return None, None
+        contents = [msg.content for msg in valid]
+        models = [from_record(next(iter(c.array_records.values()))) for c in contents]
+        if self.weighting == "uniform":
+            weights = [1.0] * len(contents)
+        else:
+            weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        return to_record(weighted_mean(models, weights)), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+
+@STRATEGIES.register("fedavg", FedAvgConfig)
+def fedavg(params: FedAvgConfig) -> WeightedFedAvg:
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

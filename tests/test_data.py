@@ -1,0 +1,220 @@
+"""Dataset loaders: idx reader, search paths and errors, synthetic set, npz checks."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedmech_flwr.data import (
+    DEBIAN_FASHION_MNIST,
+    IDX_FILES,
+    REPO_ROOT,
+    CIFAR10Config,
+    FashionMNISTConfig,
+    MNISTConfig,
+    SyntheticConfig,
+    cifar10,
+    fashion_mnist,
+    load_dataset,
+    read_idx,
+)
+from fedmech_flwr.errors import ConfigError, DataNotFoundError
+
+SHARED_CIFAR = REPO_ROOT.parent / "shared" / "data" / "cifar10" / "cifar10.npz"
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array as a gzipped idx file (magic 0x00 0x00 0x08 ndim)."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}i", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_idx_dataset(folder: Path, n_train: int = 12, n_test: int = 6) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        np.arange(n_train, dtype=np.uint8) % 10,
+        rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        np.arange(n_test, dtype=np.uint8) % 10,
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, array in zip(IDX_FILES, arrays):
+        write_idx(folder / name, array)
+    return arrays
+
+
+def test_read_idx_round_trip(tmp_path):
+    images = np.random.default_rng(1).integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    write_idx(tmp_path / "x.gz", images)
+    back = read_idx(tmp_path / "x.gz")
+    assert back.shape == (5, 4, 3) and back.dtype == np.uint8
+    np.testing.assert_array_equal(back, images)
+
+
+def test_read_idx_rejects_foreign_file(tmp_path):
+    with gzip.open(tmp_path / "bad.gz", "wb") as f:
+        f.write(b"PK\x03\x04 not an idx file")
+    with pytest.raises(ValueError, match="not an idx file"):
+        read_idx(tmp_path / "bad.gz")
+
+
+def test_mnist_from_torchvision_layout_is_normalised_with_fixed_stats(tmp_path):
+    raw = write_idx_dataset(tmp_path / "MNIST" / "raw")
+    b = load_dataset("mnist", MNISTConfig(root=str(tmp_path)))
+    assert b.x_train.shape == (12, 1, 28, 28) and b.x_train.dtype == torch.float32
+    assert b.y_train.dtype == torch.int64 and b.x_test.shape == (6, 1, 28, 28)
+    assert (b.in_channels, b.image_size, b.num_classes) == (1, 28, 10)
+    expected = (raw[0].astype(np.float32) / 255 - 0.1307) / 0.3081
+    np.testing.assert_allclose(b.x_train[:, 0].numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(b.y_test.numpy(), raw[3])
+
+
+def test_load_dataset_caches_per_config(tmp_path):
+    write_idx_dataset(tmp_path)
+    cfg = FashionMNISTConfig(root=str(tmp_path))
+    assert load_dataset("fashion_mnist", cfg) is load_dataset("fashion_mnist", cfg)
+    assert load_dataset("synthetic", SyntheticConfig(seed=1)) is not load_dataset(
+        "synthetic", SyntheticConfig(seed=2)
+    )
+
+
+def test_missing_fashion_mnist_lists_paths_and_how_to_get_it(tmp_path):
+    root = tmp_path / "nowhere"
+    with pytest.raises(DataNotFoundError) as err:
+        load_dataset("fashion_mnist", FashionMNISTConfig(root=str(root)))
+    message = str(err.value)
+    assert str(root) in message and str(root / "FashionMNIST" / "raw") in message
+    assert "apt-get install dataset-fashion-mnist" in message
+    assert "download=True" in message and "data.root" in message
+
+
+def test_incomplete_folder_names_missing_files(tmp_path):
+    write_idx_dataset(tmp_path)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataNotFoundError, match="missing t10k-labels-idx1-ubyte.gz"):
+        load_dataset("mnist", MNISTConfig(root=str(tmp_path)))
+
+
+def test_synthetic_shapes_balance_and_determinism():
+    cfg = SyntheticConfig(num_train=60, num_test=20, num_classes=3, image_size=8, channels=3)
+    a = load_dataset("synthetic", cfg)
+    assert a.x_train.shape == (60, 3, 8, 8) and a.x_test.shape == (20, 3, 8, 8)
+    assert a.y_train.dtype == torch.int64 and a.num_classes == len(a.class_names) == 3
+    assert torch.bincount(a.y_train).tolist() == [20, 20, 20]
+    again = load_dataset("synthetic", SyntheticConfig(**{**vars(cfg), "num_test": 21}))
+    assert torch.equal(a.x_train, again.x_train) and torch.equal(a.y_train, again.y_train)
+    other = load_dataset("synthetic", SyntheticConfig(**{**vars(cfg), "seed": 1}))
+    assert not torch.equal(a.x_train, other.x_train)
+
+
+def test_synthetic_is_normalised_per_channel():
+    x = load_dataset("synthetic", SyntheticConfig(channels=3)).x_train
+    mean, std = x.mean(dim=(0, 2, 3)), x.std(dim=(0, 2, 3))
+    torch.testing.assert_close(mean, torch.zeros(3), atol=1e-4, rtol=0)
+    torch.testing.assert_close(std, torch.ones(3), atol=1e-4, rtol=0)
+
+
+def test_synthetic_is_learnable_by_a_tiny_cnn():
+    torch.manual_seed(0)
+    b = load_dataset("synthetic", SyntheticConfig())
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, b.num_classes),
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        for i in range(0, len(b.y_train), 32):
+            loss = torch.nn.functional.cross_entropy(
+                model(b.x_train[i : i + 32]), b.y_train[i : i + 32]
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        accuracy = (model(b.x_test).argmax(1) == b.y_test).float().mean().item()
+    assert accuracy > 0.9
+
+
+def fake_cifar(path: Path, **override: np.ndarray) -> Path:
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x_train": rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8),
+        "y_train": np.arange(10, dtype=np.uint8),
+        "x_test": rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8),
+        "y_test": np.arange(4, dtype=np.uint8),
+    }
+    arrays.update(override)
+    np.savez(path, **arrays)
+    return path
+
+
+def test_cifar10_from_npz_is_channels_first(tmp_path):
+    path = fake_cifar(tmp_path / "c.npz")
+    b = load_dataset("cifar10", CIFAR10Config(npz=str(path)))
+    assert b.x_train.shape == (10, 3, 32, 32) and b.y_train.dtype == torch.int64
+    raw = np.load(path)["x_train"]
+    expected = (raw[3, 5, 7, 2] / 255 - 0.4465) / 0.2616  # image 3, row 5, col 7, blue
+    assert b.x_train[3, 2, 5, 7].item() == pytest.approx(expected, abs=1e-5)
+    assert b.class_names[0] == "airplane" and b.in_channels == 3
+
+
+def test_cifar10_npz_found_through_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDMECH_CIFAR10_NPZ", str(fake_cifar(tmp_path / "env.npz")))
+    assert load_dataset("cifar10", CIFAR10Config()).x_test.shape == (4, 3, 32, 32)
+
+
+def test_foreign_npz_gives_clear_errors(tmp_path):
+    np.savez(tmp_path / "a.npz", images=np.zeros((2, 32, 32, 3), np.uint8))
+    with pytest.raises(ConfigError, match=r"missing array\(s\) \['x_train'"):
+        load_dataset("cifar10", CIFAR10Config(npz=str(tmp_path / "a.npz")))
+    path = fake_cifar(tmp_path / "b.npz", x_test=np.zeros((4, 3, 32, 32), np.uint8))
+    with pytest.raises(ConfigError, match=r"x_test is uint8 \(4, 3, 32, 32\); expected"):
+        load_dataset("cifar10", CIFAR10Config(npz=str(path)))
+
+
+def test_missing_cifar10_npz(tmp_path):
+    with pytest.raises(DataNotFoundError, match="data.npz") as err:
+        load_dataset("cifar10", CIFAR10Config(npz=str(tmp_path / "none.npz")))
+    assert str(tmp_path / "none.npz") in str(err.value)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist absent")
+def test_real_fashion_mnist():
+    b = fashion_mnist(FashionMNISTConfig())  # uncached: frees the memory afterwards
+    assert b.x_train.shape == (60000, 1, 28, 28) and b.x_test.shape == (10000, 1, 28, 28)
+    assert b.num_classes == 10 and torch.bincount(b.y_train).tolist() == [6000] * 10
+    assert abs(b.x_train.mean().item()) < 0.01 and abs(b.x_train.std().item() - 1) < 0.01
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not SHARED_CIFAR.is_file(), reason="shared cifar10.npz absent")
+def test_real_cifar10_npz():
+    b = cifar10(CIFAR10Config(npz=str(SHARED_CIFAR)))  # uncached: frees ~700 MB afterwards
+    assert b.x_train.shape == (50000, 3, 32, 32) and b.x_test.shape == (10000, 3, 32, 32)
+    assert torch.bincount(b.y_test).tolist() == [1000] * 10
+    assert b.x_train.mean(dim=(0, 2, 3)).abs().max().item() < 0.02
+
+
+def test_cifar10_from_torchvision_root(tmp_path, monkeypatch):
+    """A torchvision root is read through its CIFAR10 class (stubbed: no pickles here)."""
+    import torchvision
+
+    class FakeCIFAR10:
+        def __init__(self, root, train, download):
+            assert root == str(tmp_path) and download is False
+            n = 8 if train else 2
+            self.data = np.full((n, 32, 32, 3), 255, np.uint8)
+            self.targets = [i % 10 for i in range(n)]
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    b = load_dataset("cifar10", CIFAR10Config(root=str(tmp_path)))
+    assert b.x_train.shape == (8, 3, 32, 32) and b.y_test.tolist() == [0, 1]
+    assert b.x_train[0, 0, 0, 0].item() == pytest.approx((1 - 0.4914) / 0.2470)
