@@ -33,7 +33,7 @@ def load_model_arrays(model: nn.Module, arrays: NamedArrays) -> None:
     extra = sorted(set(arrays) - set(expected))
     if missing or extra:
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
-    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v, order="C")) for k, v in arrays.items()})
 
 
 def weighted_mean(models: Sequence[NamedArrays], weights: Sequence[float]) -> NamedArrays:
@@ -61,7 +61,7 @@ def save_arrays(path: str | Path, arrays: NamedArrays, metadata: dict[str, str] 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata=metadata)
+    save_file({k: np.asarray(v, order="C") for k, v in arrays.items()}, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
 
@@ -78,7 +78,7 @@ def load_arrays(path: str | Path) -> NamedArrays:
 
 def to_record(arrays: NamedArrays) -> ArrayRecord:
     """Named arrays as a Flower ArrayRecord (names and order kept)."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
 
 
 def from_record(record: ArrayRecord) -> NamedArrays:

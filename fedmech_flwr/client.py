@@ -18,9 +18,9 @@ import torch
 from flwr.client import NumPyClient
 from torch import nn
 
-from fedmech_flwr.config import PruningConfig, TrainConfig
+from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.pruning import MagnitudePruner, layer_sparsity, overall_sparsity
+from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import Registry
 from fedmech_flwr.training import evaluate, local_steps, seed_everything, train_epochs
 
@@ -93,7 +93,7 @@ class FedMechClient(NumPyClient):
         if self.pruning.mode == "magnitude":
             pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
         stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.loss, pruner)
-        local = evaluate(self.model, self.data.x, self.data.y, self.data.num_classes)
+        local = evaluate(self.model, x, y, self.data.num_classes)  # this round's samples
         metrics = {
             "train-loss": stats.loss,
             "train-accuracy": stats.accuracy,

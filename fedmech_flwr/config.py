@@ -220,7 +220,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         keys = dotted.strip().split(".")
         node = out
         for key in keys[:-1]:
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # absent, or an empty YAML section (parsed as {} too)
+                node[key] = {}
+            node = node[key]
             if not isinstance(node, dict):
                 raise ConfigError(f"cannot set {dotted!r}: '{key}' is not a mapping", "--set")
         node[keys[-1]] = yaml.safe_load(value_text)

@@ -11,8 +11,6 @@ never change the models they are given (load copies).
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +22,6 @@ import torch
 from fedmech_flwr.arrays import NamedArrays
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.registry import Registry
-
-log = logging.getLogger(__name__)
 
 DIAGNOSTICS: Registry[type[Diagnostic]] = Registry("diagnostic")
 
@@ -107,11 +103,3 @@ class Diagnostic:
         """Draw this diagnostic's plots from its metrics.jsonl records; return the files."""
         return []
 
-
-def run_timed(name: str, fn: Callable[[], Any]) -> tuple[Any, float]:
-    """Run ``fn`` and return its result and the seconds it took (logged at debug)."""
-    start = time.perf_counter()
-    out = fn()
-    seconds = time.perf_counter() - start
-    log.debug("diagnostic %s took %.2fs", name, seconds)
-    return out, seconds

@@ -90,6 +90,16 @@ def _run_status(env: dict[str, str], run_id: int, cwd: Path) -> str:
         return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
 
+def _quote(value: str) -> str:
+    """A run-config value as a TOML string that Flower's ``--run-config`` parser keeps whole.
+
+    Flower cuts ``key=value`` pairs with a regex that ends a quoted value at the next ``"``,
+    escaped or not, so JSON's ``\\"`` inside a value (our overrides list) breaks it. TOML
+    basic strings also accept ``\\u0022`` for ``"``, which that regex does not see.
+    """
+    return '"' + json.dumps(value)[1:-1].replace('"', "u0022") + '"'
+
+
 def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int, gpus_per_client: float) -> LaunchResult:
     """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink."""
     with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp:
@@ -112,7 +122,7 @@ def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int
         )
         try:
             _wait_for_health(port, superlink, log_file)
-            run_args = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
+            run_args = " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())
             federation = (
                 f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client} "
                 f"client-resources-num-gpus={gpus_per_client}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ def line_plot(
         xs, ys = zip(*sorted(points))
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
     ax.set(title=title, xlabel="round", ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)

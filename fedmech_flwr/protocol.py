@@ -95,23 +95,24 @@ class _OfferedGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self._node_ids)
 
-    def set_run(self, run):  # noqa: ANN001, D102 - delegation
+    # Everything else is the real Grid's.
+    def set_run(self, run):
         self._grid.set_run(run)
 
     @property
-    def run(self):  # noqa: D102
+    def run(self):
         return self._grid.run
 
-    def create_message(self, *args, **kwargs):  # noqa: D102
+    def create_message(self, *args, **kwargs):
         return self._grid.create_message(*args, **kwargs)
 
-    def push_messages(self, messages):  # noqa: D102
+    def push_messages(self, messages):
         return self._grid.push_messages(messages)
 
-    def pull_messages(self, message_ids):  # noqa: D102
+    def pull_messages(self, message_ids):
         return self._grid.pull_messages(message_ids)
 
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
+    def send_and_receive(self, messages, *, timeout=None):
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
@@ -123,6 +124,8 @@ class RoundSummary:
     sampled: tuple[int, ...] = ()
     succeeded: tuple[int, ...] = ()
     started_at: float = 0.0
+    train_seconds: float = 0.0
+    """From sending the train messages to having every reply (transport + client work)."""
 
 
 def client_update(reply: Message) -> ClientUpdate:
@@ -206,6 +209,7 @@ class RoundProtocol(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        self.current.train_seconds = time.perf_counter() - self.current.started_at
         ok = sorted(
             (r for r in replies if not r.has_error()),
             key=lambda r: self.node_to_partition[r.metadata.src_node_id],

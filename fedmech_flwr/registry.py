@@ -57,9 +57,9 @@ class Registry(Generic[F]):
         if name in self._entries:
             return self._entries[name]
         close = difflib.get_close_matches(name, self._entries, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(
-            f"unknown {self.kind} '{name}'{hint} Registered: {', '.join(self.names())}",
+            f"unknown {self.kind} '{name}'; {hint}registered: {', '.join(self.names())}",
             where,
         )
 

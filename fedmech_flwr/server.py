@@ -105,6 +105,7 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
             "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
             "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
+            "train_round_seconds": summary.train_seconds,
         })
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             folder.checkpoint(server_round, named)

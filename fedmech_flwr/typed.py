@@ -89,6 +89,17 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _json_key(tp: Any, key: Any) -> Any:
+    """JSON object keys are strings: read ``"3"`` as ``3`` for an int-keyed mapping, so a
+    resolved config survives its JSON round trip to the clients."""
+    if tp is int and isinstance(key, str):
+        try:
+            return int(key)
+        except ValueError:
+            pass
+    return key
+
+
 def _coerce(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -116,7 +127,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"expected a mapping, got {value!r}", where)
         return {
-            _coerce(args[0], k, join_key(where, str(k))): _coerce(args[1], v, join_key(where, str(k)))
+            _coerce(args[0], _json_key(args[0], k), join_key(where, str(k))): _coerce(args[1], v, join_key(where, str(k)))
             for k, v in value.items()
         }
     if dataclasses.is_dataclass(tp):

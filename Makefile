@@ -1,0 +1,16 @@
+# The two commands of the README, and their parts.
+.PHONY: setup demo test bench
+
+setup:
+	bash scripts/setup.sh
+
+# Install everything, then run the default experiment with flwr run (a few minutes on 2 cores).
+demo: setup
+	.venv/bin/fedmech run experiments/default.yaml
+
+# The test suite (what .ci/run calls).
+test:
+	.venv/bin/python -m pytest -q
+
+bench:
+	.venv/bin/python benchmarks/throughput.py

@@ -1,0 +1,113 @@
+"""Shared fixtures: seeding, the smoke config, Flower messages built outside a run, and
+one in-process smoke run reused by the end-to-end and CLI tests."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedmech_flwr import plugins
+from fedmech_flwr.arrays import NamedArrays, to_record
+from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.protocol import REPORT_KEY
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "experiments" / "smoke.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    """Every test starts from seed 0 with one torch thread (2-core CI machine)."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    yield
+
+
+def smoke_config(overrides: list[str] | None = None) -> ExperimentConfig:
+    """The validated smoke experiment, with ``key=value`` overrides applied."""
+    plugins.load()
+    return load_experiment(SMOKE, overrides or [])
+
+
+@pytest.fixture
+def smoke_cfg() -> ExperimentConfig:
+    return smoke_config()
+
+
+@pytest.fixture
+def make_cfg() -> Callable[..., ExperimentConfig]:
+    """``make_cfg("federation.num_rounds=1", ...)``: the smoke config with overrides."""
+    return lambda *overrides: smoke_config(list(overrides))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """One completed in-process run of the smoke config (read-only for tests)."""
+    from fedmech_flwr.inprocess import run_in_process
+
+    torch.set_num_threads(1)
+    return run_in_process(smoke_config(), tmp_path_factory.mktemp("smoke-run"))
+
+
+# --- Flower messages outside a run ------------------------------------------------------
+
+SERVER_NODE = 1
+
+
+@pytest.fixture
+def flower_identity(monkeypatch):
+    """``Message`` reads the task identity of the process; set it as a server would."""
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", SERVER_NODE)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def outgoing(node_id: int) -> Message:
+    """A train instruction to ``node_id`` (needs ``flower_identity``)."""
+    return Message(RecordDict(), dst_node_id=node_id, message_type=MessageType.TRAIN)
+
+
+def train_reply(
+    node_id: int,
+    arrays: NamedArrays,
+    num_examples: int,
+    metrics: dict[str, float] | None = None,
+    partition_id: int | None = None,
+    details: dict | None = None,
+) -> Message:
+    """A successful train reply as the ClientApp builds it (arrays, metrics, report)."""
+    content = RecordDict({
+        "arrays": to_record(arrays),
+        "metrics": MetricRecord({"num-examples": num_examples, **(metrics or {})}),
+        REPORT_KEY: ConfigRecord({
+            "partition-id": node_id if partition_id is None else partition_id,
+            "details": json.dumps(details or {}),
+        }),
+    })
+    return Message(content, reply_to=outgoing(node_id))
+
+
+def error_reply(node_id: int, reason: str = "boom") -> Message:
+    return Message(Error(code=0, reason=reason), reply_to=outgoing(node_id))
+
+
+@pytest.fixture
+def messages(flower_identity):
+    """Factories for train replies: ``messages.train(...)``, ``messages.error(...)``."""
+
+    class _Messages:
+        train = staticmethod(train_reply)
+        error = staticmethod(error_reply)
+        out = staticmethod(outgoing)
+
+    return _Messages

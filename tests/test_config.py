@@ -1,0 +1,273 @@
+"""Experiment config: every bad value names key, value and what is allowed; overrides;
+the JSON round trip the ClientApp depends on; the registry's rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import SMOKE, smoke_config
+from fedmech_flwr.config import (
+    ExperimentConfig,
+    apply_overrides,
+    experiment_from_json,
+    load_experiment,
+    parse_experiment,
+    read_yaml,
+)
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.registry import Registry
+
+LOC = "experiments/smoke.yaml: "
+
+
+def raw_smoke() -> dict:
+    return yaml.safe_load(SMOKE.read_text())
+
+
+def config_error(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        smoke_config(list(overrides))
+    return info.value
+
+
+# --- known answers: a valid file --------------------------------------------------------
+
+def test_smoke_file_values(smoke_cfg):
+    cfg = smoke_cfg
+    assert isinstance(cfg, ExperimentConfig)
+    assert (cfg.name, cfg.seed, cfg.device) == ("smoke", 0, "cpu")
+    assert cfg.data.dataset.name == "synthetic" and cfg.data.dataset.params.num_train == 300
+    assert cfg.data.partition.name == "dirichlet" and cfg.data.partition.params.alpha == 0.5
+    assert cfg.model.name == "simple_cnn" and cfg.model.params.channels == [4, 8]
+    assert cfg.train.lr == 0.01 and cfg.train.epochs == 2 and cfg.train.batch_size == 32
+    assert cfg.federation.num_clients == 3 and cfg.federation.num_rounds == 2
+    assert cfg.federation.clients_per_round is None and cfg.federation.on_client_failure == "fail"
+    assert cfg.pruning.target_sparsity == 0.9 and cfg.pruning.server_reprune is False
+    assert [(d.name, d.every) for d in cfg.diagnostics] == [("weight_divergence", 1)]
+    assert cfg.diagnostics[0].due(1) and cfg.diagnostics[0].due(2)
+
+
+def test_float_written_1e_minus_3_is_accepted():
+    # YAML 1.1 reads a bare 1e-3 as a string; it must still become a float.
+    assert yaml.safe_load("lr: 1e-3")["lr"] == "1e-3"
+    assert smoke_config(["train.lr=1e-3"]).train.lr == pytest.approx(0.001)
+    raw = raw_smoke()
+    raw["train"]["lr"] = "1e-3"
+    assert parse_experiment(raw, "x").train.lr == 0.001
+
+
+# --- each bad value fails with key, value and what is allowed ---------------------------
+
+def test_unknown_top_level_key_lists_allowed_keys():
+    err = config_error("learning_rate=0.1")
+    assert "unknown key(s) ['learning_rate']" in str(err)
+    for key in ("data", "federation", "model", "seed", "train", "diagnostics"):
+        assert key in err.message.split("allowed keys:")[1]
+    assert err.where.endswith("experiments/smoke.yaml:")
+
+
+def test_unknown_key_inside_plugin_params():
+    err = config_error("model.chanels=[4, 8]")
+    assert "unknown key(s) ['chanels']" in str(err)
+    assert "allowed keys: channels" in str(err)
+    assert err.where.endswith(LOC + "model")
+
+
+def test_wrong_type_names_key_and_value():
+    err = config_error("federation.num_rounds=x")
+    assert "expected an integer, got 'x'" in str(err)
+    assert err.where.endswith(LOC + "federation.num_rounds")
+
+
+@pytest.mark.parametrize(
+    ("override", "message", "key"),
+    [
+        ("train.lr=0", "lr must be > 0.0, got 0", "train.lr"),
+        ("data.partition.alpha=-1", "alpha must be > 0, got -1", "data.partition.alpha"),
+        ("train.momentum=1", "momentum must be < 1.0, got 1", "train.momentum"),
+        ("federation.num_clients=0", "num_clients must be >= 1, got 0", "federation.num_clients"),
+        ("pruning.target_sparsity=1.0", "target_sparsity must be < 1.0, got 1.0", "pruning.target_sparsity"),
+        ("data.dataset.num_classes=1", "num_classes must be >= 2, got 1", "data.dataset.num_classes"),
+    ],
+)
+def test_out_of_range(override, message, key):
+    err = config_error(override)
+    assert message in str(err)
+    assert f"{LOC}{key}" in str(err)
+
+
+def test_alpha_message_and_location_exactly():
+    err = config_error("data.partition.alpha=-1")
+    assert err.message.startswith("alpha must be > 0, got -1")
+    assert str(err).endswith("experiments/smoke.yaml: data.partition.alpha")
+
+
+def test_bad_literal_lists_choices():
+    err = config_error("device=tpu")
+    assert "got 'tpu'; choose one of 'auto', 'cpu', 'cuda'" in str(err)
+    assert err.where.endswith(LOC + "device")
+    err = config_error("federation.on_client_failure=retry")
+    assert "'fail', 'continue'" in str(err) and "retry" in str(err)
+
+
+def test_unknown_model_suggests_closest():
+    err = config_error("model.name=simple_cnm")
+    assert "unknown model 'simple_cnm'" in str(err)
+    assert "did you mean 'simple_cnn'?" in str(err)
+    assert "resnet10, simple_cnn" in str(err)
+    assert err.where.endswith(LOC + "model.name")
+
+
+def test_unknown_strategy_and_diagnostic_names():
+    assert "unknown strategy 'fedavgg'; did you mean 'fedavg'?" in str(config_error("strategy.name=fedavgg"))
+    err = config_error("diagnostics=[{name: weight_divergance}]")
+    assert "did you mean 'weight_divergence'?" in str(err)
+    assert err.where.endswith(LOC + "diagnostics[0].name")
+
+
+def test_diagnostic_every_must_be_positive_int():
+    err = config_error("diagnostics=[{name: weight_divergence, every: 0}]")
+    assert "every must be an integer >= 1, got 0" in str(err)
+    assert err.where.endswith(LOC + "diagnostics[0].every")
+
+
+@pytest.mark.parametrize("section", ["data", "model", "client", "strategy", "name"])
+def test_missing_required_section(section):
+    raw = raw_smoke()
+    del raw[section]
+    with pytest.raises(ConfigError, match=f"missing required key '{section}' in x.yaml: {section}$"):
+        parse_experiment(raw, "x.yaml")
+
+
+def test_missing_component_name_lists_choices():
+    raw = raw_smoke()
+    raw["data"]["partition"] = {"alpha": 0.5}
+    with pytest.raises(ConfigError, match="'name' key \\(one of: class_map, classes_per_client, dirichlet, iid\\)"):
+        parse_experiment(raw, "x.yaml")
+
+
+def test_clients_per_round_above_num_clients():
+    err = config_error("federation.clients_per_round=4")
+    assert "clients_per_round (4) must be <= num_clients (3)" in str(err)
+    assert err.where.endswith(LOC + "federation.clients_per_round")
+    assert smoke_config(["federation.clients_per_round=3"]).federation.clients_per_round == 3
+
+
+def test_min_replies_above_sampled():
+    err = config_error("federation.clients_per_round=2", "federation.min_replies=3")
+    assert "min_replies (3) must be <= the clients sampled per round (2)" in str(err)
+
+
+def test_relative_output_root_rejected():
+    err = config_error("output_root=runs")
+    assert "output_root must be absolute or start with '~', got 'runs'" in str(err)
+    assert err.where.endswith(LOC + "output_root")
+    assert smoke_config(["output_root=/tmp/runs"]).output_root == "/tmp/runs"
+    assert smoke_config(["output_root=~/runs"]).output_root == "~/runs"
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="experiment file not found"):
+        read_yaml(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="cannot parse YAML"):
+        load_experiment(bad)
+
+
+# --- overrides --------------------------------------------------------------------------
+
+def test_apply_overrides_nested_and_yaml_parsed():
+    raw = {"a": {"b": 1}, "keep": "me"}
+    out = apply_overrides(raw, ["a.b=2", "a.c.d=[1, 2]", "flag=yes", "text=x=y", "none=null"])
+    assert out == {"a": {"b": 2, "c": {"d": [1, 2]}}, "keep": "me", "flag": True, "text": "x=y", "none": None}
+    assert raw == {"a": {"b": 1}, "keep": "me"}  # the input is not modified
+
+
+def test_override_without_equals_errors():
+    with pytest.raises(ConfigError, match="expected key=value, got 'federation.num_rounds' in --set"):
+        apply_overrides({}, ["federation.num_rounds"])
+
+
+def test_override_through_a_scalar_errors():
+    with pytest.raises(ConfigError, match="cannot set 'seed.x': 'seed' is not a mapping"):
+        apply_overrides({"seed": 0}, ["seed.x=1"])
+
+
+def test_override_into_an_empty_yaml_section(tmp_path):
+    # ``federation:`` with nothing under it is YAML null, which the config reads as {}.
+    text = SMOKE.read_text().replace("federation: {num_clients: 3, num_rounds: 2}", "federation:")
+    assert "federation:\n" in text
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    assert load_experiment(path).federation.num_rounds == 5  # the default
+    assert load_experiment(path, ["federation.num_rounds=2"]).federation.num_rounds == 2
+
+
+def test_overrides_reach_the_config():
+    cfg = smoke_config(["federation.num_rounds=7", "data.partition={name: iid}", "train.optimizer=sgd"])
+    assert cfg.federation.num_rounds == 7
+    assert cfg.data.partition.name == "iid"
+    assert cfg.train.optimizer == "sgd"
+
+
+# --- round trip: the config the ServerApp sends to clients ------------------------------
+
+def test_json_round_trip_equals_original(smoke_cfg):
+    again = parse_experiment(json.loads(smoke_cfg.to_json()), "x")
+    assert again.to_plain() == smoke_cfg.to_plain()
+    assert again == smoke_cfg
+    assert experiment_from_json(smoke_cfg.to_json()) == smoke_cfg
+
+
+def test_json_round_trip_with_int_keyed_mapping():
+    # class_map's {client: [classes]} has int keys, which JSON turns into strings; the
+    # ClientApp rebuilds the config from that JSON, so it must parse back identically.
+    cfg = smoke_config(["data.partition={name: class_map, classes: {0: [0], 1: [1], 2: [2, 3]}}"])
+    assert cfg.data.partition.params.classes == {0: [0], 1: [1], 2: [2, 3]}
+    again = experiment_from_json(cfg.to_json())
+    assert again.data.partition.params.classes == {0: [0], 1: [1], 2: [2, 3]}
+    assert again.to_plain() == cfg.to_plain()
+
+
+def test_yaml_round_trip_of_resolved_config(smoke_cfg):
+    text = yaml.safe_dump(smoke_cfg.to_plain(), sort_keys=False)
+    assert parse_experiment(yaml.safe_load(text), "config.yaml") == smoke_cfg
+
+
+# --- registry ---------------------------------------------------------------------------
+
+def test_duplicate_registration_raises():
+    reg = Registry("widget")
+    reg.register("a")(lambda: 1)
+    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+        reg.register("a")(lambda: 2)
+    assert reg.get("a").factory() == 1
+
+
+def test_registry_get_unknown_lists_names():
+    reg = Registry("widget")
+    for name in ("gamma", "alpha", "beta"):
+        reg.register(name)(lambda: None)
+    assert reg.names() == ["alpha", "beta", "gamma"]
+    with pytest.raises(ConfigError) as info:
+        reg.get("zzz", "f.yaml: widget")
+    assert "unknown widget 'zzz'" in str(info.value)
+    assert "registered: alpha, beta, gamma" in str(info.value)
+    assert "did you mean" not in str(info.value)
+    assert info.value.where == "f.yaml: widget"
+    with pytest.raises(ConfigError, match="did you mean 'alpha'"):
+        reg.get("alpah")
+
+
+def test_registry_entry_default_config_has_no_params():
+    reg = Registry("widget")
+    reg.register("x")(lambda: None)
+    from fedmech_flwr.typed import parse_dataclass
+
+    assert parse_dataclass(reg.get("x").config_cls, {}, "w") is not None
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['p'\]; allowed keys: \(none\)"):
+        parse_dataclass(reg.get("x").config_cls, {"p": 1}, "w")

@@ -1,0 +1,215 @@
+"""The round protocol: seeded sampling, failure policy, partition-id order, discovery."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from fedmech_flwr.arrays import from_record
+from fedmech_flwr.client_app import app as client_app
+from fedmech_flwr.inprocess import InProcessGrid
+from fedmech_flwr.protocol import ClientFailure, RoundProtocol, RoundSummary, discover_partitions
+from strategies.fedavg import WeightedFedAvg
+
+# Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
+PARTITIONS = {0: 1005, 1: 1001, 2: 1003}
+
+
+class Recorder:
+    """Stands in for the RunFolder: keeps what the protocol writes."""
+
+    def __init__(self) -> None:
+        self.clients, self.failures, self.diagnostics = [], [], []
+
+    def client(self, server_round, update):
+        self.clients.append((server_round, update.partition_id, update.num_examples))
+
+    def failure(self, server_round, partition_id, reason, policy):
+        self.failures.append({"round": server_round, "partition_id": partition_id, "reason": reason, "policy": policy})
+
+    def diagnostic(self, server_round, name, result, seconds):
+        self.diagnostics.append((server_round, name, result))
+
+
+class OrderRecordingFedAvg(WeightedFedAvg):
+    """The real FedAvg, noting the partition-ids of the replies in the order it gets them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.orders: list[list[int]] = []
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.orders.append([int(r.content["report"]["partition-id"]) for r in replies])
+        return super().aggregate_train(server_round, replies)
+
+
+def make_state(*args):
+    raise AssertionError("no diagnostics configured, so no RoundState should be built")
+
+
+def protocol(cfg, strategy=None, partitions=PARTITIONS, recorder=None):
+    proto = RoundProtocol(strategy or OrderRecordingFedAvg(), cfg, dict(partitions), [], make_state, recorder or Recorder())
+    proto.current = RoundSummary(1, tuple(sorted(partitions)))
+    return proto
+
+
+def arrays_of(pid: int) -> dict[str, np.ndarray]:
+    return {"w": np.full(3, float(pid + 1), np.float32)}
+
+
+def reply(messages, pid, **kw):
+    return messages.train(PARTITIONS[pid], arrays_of(pid), 10 * (pid + 1), partition_id=pid, **kw)
+
+
+# --- sampling ---------------------------------------------------------------------------
+
+def test_sample_is_deterministic_sorted_and_sized(make_cfg):
+    cfg = make_cfg("federation.num_clients=10", "federation.clients_per_round=3")
+    proto = protocol(cfg, partitions={p: 2000 + p for p in range(10)})
+    draws = [proto.sample(r) for r in range(1, 11)]
+    for draw in draws:
+        assert len(draw) == 3 and len(set(draw)) == 3
+        assert draw == sorted(draw) and all(isinstance(p, int) and 0 <= p < 10 for p in draw)
+    again = protocol(cfg, partitions={p: 2000 + p for p in range(10)})
+    assert [again.sample(r) for r in range(1, 11)] == draws  # same (seed, round), same clients
+    assert len({tuple(d) for d in draws}) > 3  # rounds differ
+    other_seed = protocol(make_cfg("seed=1", "federation.num_clients=10", "federation.clients_per_round=3"),
+                          partitions={p: 2000 + p for p in range(10)})
+    assert [other_seed.sample(r) for r in range(1, 11)] != draws
+
+
+def test_sample_known_answer(make_cfg):
+    cfg = make_cfg("federation.num_clients=10", "federation.clients_per_round=3")
+    expected = sorted(int(p) for p in np.random.default_rng([0, 4, 7919]).choice(list(range(10)), 3, replace=False))
+    assert protocol(cfg, partitions={p: p for p in range(10)}).sample(4) == expected
+
+
+def test_sample_all_when_null(smoke_cfg):
+    assert smoke_cfg.federation.clients_per_round is None
+    proto = protocol(smoke_cfg)
+    assert proto.sample(1) == proto.sample(5) == [0, 1, 2]
+
+
+# --- failure policy ---------------------------------------------------------------------
+
+def test_error_reply_with_fail_policy_raises_naming_client_and_fix(smoke_cfg, messages):
+    rec = Recorder()
+    proto = protocol(smoke_cfg, recorder=rec)
+    replies = [reply(messages, 0), messages.error(PARTITIONS[1], "boom"), reply(messages, 2)]
+    with pytest.raises(ClientFailure) as info:
+        proto.aggregate_train(1, replies)
+    msg = str(info.value)
+    assert "round 1: client 1 failed (boom)" in msg
+    assert "on_client_failure is 'fail'" in msg and "'continue'" in msg
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "fail"}]
+    assert rec.clients == []
+
+
+def test_continue_policy_aggregates_the_rest_and_records_failure(make_cfg, messages):
+    rec = Recorder()
+    strategy = OrderRecordingFedAvg()
+    proto = protocol(make_cfg("federation.on_client_failure=continue"), strategy, recorder=rec)
+    replies = [reply(messages, 2), messages.error(PARTITIONS[1], "boom"), reply(messages, 0)]
+    arrays, metrics = proto.aggregate_train(1, replies)
+    # weights 10 (pid 0, value 1) and 30 (pid 2, value 3): (10 * 1 + 30 * 3) / 40 = 2.5
+    np.testing.assert_allclose(from_record(arrays)["w"], [2.5, 2.5, 2.5])
+    assert strategy.orders == [[0, 2]]
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "continue"}]
+    assert rec.clients == [(1, 0, 10), (1, 2, 30)]
+    assert proto.current.succeeded == (0, 2)
+
+
+def test_missing_reply_counts_as_failure(make_cfg, messages):
+    rec = Recorder()
+    proto = protocol(make_cfg("federation.on_client_failure=continue", "federation.round_timeout_s=5"), recorder=rec)
+    proto.aggregate_train(1, [reply(messages, 0), reply(messages, 1)])
+    assert rec.failures == [{"round": 1, "partition_id": 2, "reason": "no reply within 5s", "policy": "continue"}]
+
+
+def test_fewer_than_min_replies_raises(make_cfg, messages):
+    cfg = make_cfg("federation.on_client_failure=continue", "federation.min_replies=2")
+    rec = Recorder()
+    replies = [messages.error(PARTITIONS[0], "a"), reply(messages, 1), messages.error(PARTITIONS[2], "c")]
+    with pytest.raises(ClientFailure, match="round 1: only 1 successful replies, federation.min_replies is 2"):
+        protocol(cfg, recorder=rec).aggregate_train(1, replies)
+    assert [f["partition_id"] for f in rec.failures] == [0, 2]
+
+
+def test_replies_reach_strategy_in_partition_order(smoke_cfg, messages):
+    results = []
+    for arrival in ([2, 0, 1], [1, 2, 0], [0, 1, 2]):
+        strategy = OrderRecordingFedAvg()
+        proto = protocol(smoke_cfg, strategy)
+        arrays, _ = proto.aggregate_train(1, [reply(messages, p) for p in arrival])
+        assert strategy.orders == [[0, 1, 2]]
+        results.append(from_record(arrays)["w"].tobytes())
+    assert len(set(results)) == 1  # bitwise the same aggregate whatever the arrival order
+
+
+def test_strategy_returning_nothing_fails_clearly(smoke_cfg, messages):
+    class NoModel(WeightedFedAvg):
+        def aggregate_train(self, server_round, replies):
+            return None, None
+
+    with pytest.raises(ClientFailure, match="round 1: NoModel returned no aggregated model"):
+        protocol(smoke_cfg, NoModel()).aggregate_train(1, [reply(messages, p) for p in range(3)])
+
+
+def test_post_aggregate_is_applied(smoke_cfg, messages):
+    proto = RoundProtocol(WeightedFedAvg(), smoke_cfg, PARTITIONS, [], make_state, Recorder(),
+                          post_aggregate=lambda arrays: {k: np.zeros_like(v) for k, v in arrays.items()})
+    proto.current = RoundSummary(1, (0, 1, 2))
+    arrays, _ = proto.aggregate_train(1, [reply(messages, p) for p in range(3)])
+    assert not from_record(arrays)["w"].any()
+
+
+# --- discovery --------------------------------------------------------------------------
+
+def test_discover_partitions_maps_partition_to_node():
+    grid = InProcessGrid(client_app, 3)
+    assert discover_partitions(grid, 3, timeout=5) == {0: 1000, 1: 1001, 2: 1002}
+
+
+def test_discover_too_many_nodes():
+    grid = InProcessGrid(client_app, 4)
+    with pytest.raises(ClientFailure) as info:
+        discover_partitions(grid, 3, timeout=5)
+    assert "4 SuperNodes are connected but federation.num_clients is 3" in str(info.value)
+    assert "num-supernodes=3" in str(info.value)
+
+
+def test_discover_too_few_nodes_times_out():
+    grid = InProcessGrid(client_app, 2)
+    with pytest.raises(ClientFailure) as info:
+        discover_partitions(grid, 3, timeout=1)
+    assert "only 2 of 3 SuperNodes connected within 1s" in str(info.value)
+    assert "num-supernodes=3" in str(info.value)
+
+
+def test_discover_duplicate_partition_id():
+    grid = InProcessGrid(client_app, 3)
+    grid.contexts[1002].node_config["partition-id"] = 0
+    with pytest.raises(ClientFailure, match="two nodes claim partition-id 0"):
+        discover_partitions(grid, 3, timeout=5)
+
+
+def test_discover_node_with_wrong_num_partitions():
+    grid = InProcessGrid(client_app, 3)
+    grid.contexts[1001].node_config["num-partitions"] = 5
+    with pytest.raises(ClientFailure, match="node 1001 says num-partitions=5, but federation.num_clients is 3"):
+        discover_partitions(grid, 3, timeout=5)
+
+
+def test_discover_node_that_errors():
+    broken = ClientApp()
+
+    @broken.query()
+    def identify(msg: Message, context: Context) -> Message:
+        raise RuntimeError("no partition here")
+
+    grid = InProcessGrid(broken, 2)
+    with pytest.raises(ClientFailure, match="node 1000 failed to report its partition: RuntimeError: no partition here"):
+        discover_partitions(grid, 2, timeout=5)
