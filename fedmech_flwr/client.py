@@ -93,15 +93,13 @@ class FedMechClient(NumPyClient):
         if self.pruning.mode == "magnitude":
             pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
         stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.loss, pruner)
-        local = evaluate(self.model, x, y, self.data.num_classes)  # this round's samples
         metrics = {
             "train-loss": stats.loss,
             "train-accuracy": stats.accuracy,
             "train-seconds": stats.seconds,
             "train-samples-per-s": stats.samples_per_s,
             "sparsity": overall_sparsity(self.model, include_head=self.pruning.include_head),
-            "local-accuracy": local.accuracy,
-            "local-per-class-accuracy": json.dumps(local.per_class_accuracy),
+            "local-per-class-accuracy": json.dumps(stats.per_class_accuracy),
             "layer-sparsity": json.dumps(layer_sparsity(self.model)),
         }
         return self.get_parameters({}), stats.num_examples, metrics

@@ -66,10 +66,14 @@ def run_experiment(
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
         folder.write_partitions(parts, hist, list(bundle.class_names))
         _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, device)
-        plot_run(folder.path)
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
+        try:  # a failed run still gets the plots of the rounds it finished
+            plot_run(folder.path)
+        except Exception as plot_err:  # never hide the run's own error behind a plotting one
+            log.warning("could not plot the failed run: %s", plot_err)
         raise
+    plot_run(folder.path)
     folder.set_status("completed")
     log.info("Run completed: %s", folder.path)
     return folder.path

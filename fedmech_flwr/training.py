@@ -56,6 +56,8 @@ def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
 class TrainStats:
     loss: float
     accuracy: float
+    per_class_accuracy: list[float | None]
+    """Running recall per class over the last local epoch (None: no samples of the class)."""
     num_examples: int
     steps: int
     seconds: float
@@ -83,9 +85,11 @@ def train_epochs(
     model.train()
     optimizer = make_optimizer(model.parameters(), cfg)
     n = len(x)
+    num_classes = model.get_classifier().out_features
     total_loss, correct, seen, step = 0.0, 0, 0, 0
     start = time.perf_counter()
     for _ in range(cfg.epochs):
+        class_hits = torch.zeros(num_classes, device=x.device)
         order = torch.randperm(n, generator=generator).to(x.device)
         for i in range(0, n, cfg.batch_size):
             idx = order[i : i + cfg.batch_size]
@@ -98,11 +102,15 @@ def train_epochs(
             if pruner is not None:
                 pruner.step(step)
             step += 1
+            hits = (logits.detach().argmax(1) == yb).float()
+            class_hits += torch.bincount(yb, weights=hits, minlength=num_classes)
             total_loss += loss.item() * len(yb)
-            correct += (logits.argmax(1) == yb).sum().item()
+            correct += int(hits.sum().item())
             seen += len(yb)
     seconds = time.perf_counter() - start
-    return TrainStats(total_loss / max(seen, 1), correct / max(seen, 1), seen, step, seconds)
+    counts = torch.bincount(y, minlength=num_classes)
+    per_class = [(class_hits[c] / counts[c]).item() if counts[c] > 0 else None for c in range(num_classes)]
+    return TrainStats(total_loss / max(seen, 1), correct / max(seen, 1), per_class, seen, step, seconds)
 
 
 @dataclass
