@@ -1,8 +1,10 @@
 """Diagnostic plug-ins: observers run after aggregation through ``fedmech_flwr.hooks``.
 
 How to add one: subclass ``fedmech_flwr.hooks.Diagnostic``, implement ``server_side``
-(and ``client_side`` for work on a client's own data, ``plot`` for its figures),
+(``client_side`` / ``client_side_global`` for work on a client's own data, ``plot``
+for its figures),
 register it with ``@DIAGNOSTICS.register("name", ConfigCls)`` and import it here.
 """
 
 from diagnostics import weight_divergence  # noqa: F401
+from diagnostics.circuits import diagnostic  # noqa: F401

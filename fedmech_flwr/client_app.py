@@ -8,27 +8,32 @@ client's ``fit``, runs the due client-side diagnostics, and replies with:
 - ``arrays``: the trained weights (ArrayRecord, same names as the global model);
 - ``metrics``: ``num-examples`` and the client's numeric metrics (MetricRecord; the
   strategy averages these);
-- ``report``: ``partition-id`` and ``details``, a JSON string with per-client values
-  that must not be averaged (per-class accuracy, per-layer sparsity, diagnostics).
+- ``report``: ``partition-id``, ``details`` (a JSON string with per-client values that
+  must not be averaged: per-class accuracy, per-layer sparsity) and the client-side
+  diagnostic results (see ``hooks.encode_results``).
+
+``query.diagnose`` messages (sent by the round protocol after aggregation) carry the new
+aggregate; the ClientApp runs the due diagnostics' ``client_side_global`` on it with the
+client's data and replies with a ``report``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedmech_flwr import plugins
-from fedmech_flwr.arrays import from_record, to_record
+from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
 from fedmech_flwr.config import ExperimentConfig, experiment_from_json
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
-from fedmech_flwr.hooks import DIAGNOSTICS, ClientContext
-from fedmech_flwr.protocol import REPORT_KEY
-from fedmech_flwr.server import CONFIG_KEY
+from fedmech_flwr.hooks import DIAGNOSTICS, ClientContext, GlobalContext, encode_results
+from fedmech_flwr.protocol import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY
 from fedmech_flwr.training import resolve_device
 
 app = ClientApp()
@@ -54,12 +59,27 @@ def _partition(context: Context) -> tuple[int, int]:
         ) from err
 
 
-def _decode(value):
+def _decode(value: Any) -> Any:
     """NumPyClient metrics are scalars; ours carry lists and dicts as JSON strings."""
     try:
         return json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError:
         return value
+
+
+def _setup(msg: Message, context: Context):
+    """The config, round, partition-id, device, data shard and a fresh model for ``msg``."""
+    config = msg.content["config"]
+    cfg = _config(str(config[CONFIG_KEY]))
+    pid, total = _partition(context)
+    if total != cfg.federation.num_clients:
+        raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
+    torch.set_num_threads(cfg.simulation.cpus_per_client)
+    device = resolve_device(cfg.device)
+    bundle = load_data(cfg)
+    idx = torch.from_numpy(client_partitions(cfg, bundle)[pid])
+    data = ClientData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle.num_classes)
+    return cfg, int(config["server-round"]), pid, device, data, new_model(cfg, bundle, device)
 
 
 @app.query()
@@ -71,41 +91,41 @@ def identify(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    config = msg.content["config"]
-    cfg = _config(str(config[CONFIG_KEY]))
-    server_round = int(config["server-round"])
-    pid, total = _partition(context)
-    if total != cfg.federation.num_clients:
-        raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
-    torch.set_num_threads(cfg.simulation.cpus_per_client)
-    device = resolve_device(cfg.device)
-
-    bundle = load_data(cfg)
-    idx = torch.from_numpy(client_partitions(cfg, bundle)[pid])
-    data = ClientData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle.num_classes)
-    model = new_model(cfg, bundle, device)
-    global_arrays = from_record(msg.content["arrays"])
+    cfg, server_round, pid, device, data, model = _setup(msg, context)
     client = CLIENTS.get(cfg.client.name).factory(
         cfg.client.params, model=model, data=data, train=cfg.train, pruning=cfg.pruning,
         seed=cfg.seed, partition_id=pid,
     )
+    global_arrays = from_record(msg.content["arrays"])
     params = [global_arrays[k] for k in model.state_dict()]
     client.set_parameters(params)
     global_model = copy.deepcopy(model)
     new_params, num_examples, client_metrics = client.fit(params, {"server-round": server_round})
 
     numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    details = {"metrics": {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}}
-    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, bundle.num_classes, device)
-    details["diagnostics"] = {
-        spec.name: out
-        for spec in cfg.diagnostics
-        if spec.due(server_round) and (out := DIAGNOSTICS.get(spec.name).factory(spec.params).client_side(ctx)) is not None
-    }
-    arrays = to_record(dict(zip(model.state_dict(), new_params)))
+    details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}
+    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device)
+    results = {}
+    for spec in cfg.diagnostics:
+        if spec.due(server_round) and (out := DIAGNOSTICS.get(spec.name).factory(spec.params).client_side(ctx)):
+            results[spec.name] = out
     content = RecordDict({
-        "arrays": arrays,
+        "arrays": to_record(dict(zip(model.state_dict(), new_params))),
         "metrics": MetricRecord({"num-examples": int(num_examples), **numeric}),
-        REPORT_KEY: ConfigRecord({"partition-id": pid, "details": json.dumps(details)}),
+        REPORT_KEY: ConfigRecord({"partition-id": pid, "details": json.dumps(details), **encode_results(results)}),
     })
     return Message(content, reply_to=msg)
+
+
+@app.query(DIAGNOSE_ACTION)
+def diagnose(msg: Message, context: Context) -> Message:
+    cfg, server_round, pid, device, data, model = _setup(msg, context)
+    load_model_arrays(model, from_record(msg.content["arrays"]))
+    ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device)
+    results = {}
+    for spec in cfg.diagnostics:
+        diagnostic = DIAGNOSTICS.get(spec.name).factory(spec.params)
+        if spec.due(server_round) and diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
+            results[spec.name] = out
+    report = ConfigRecord({"partition-id": pid, **encode_results(results)})
+    return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)

@@ -3,10 +3,19 @@
 After each aggregation (every N rounds) the server hands each due diagnostic a
 ``RoundState``: the round number, the aggregated model, every client's model and metrics
 keyed by partition-id, and named data sets. A diagnostic returns metrics (JSON-able)
-and arrays; the run folder stores both. Work that needs a client's data runs in the
-ClientApp (``client_side``) and travels back as a compact JSON result, which the server
-side then finds in ``ClientUpdate.diagnostics``. Diagnostics only observe: they must
-never change the models they are given (load copies).
+and arrays; the run folder stores both.
+
+Work that needs a client's data runs in the ClientApp, in two places:
+
+- ``client_side(ClientContext)`` right after local training (the received and the
+  trained model); its result arrives in ``ClientUpdate.diagnostics[name]``;
+- ``client_side_global(GlobalContext)`` on the *new* aggregated model, in a
+  ``query.diagnose`` round trip the server makes after aggregation, only for diagnostics
+  that override it; its result arrives in ``ClientUpdate.global_diagnostics[name]``.
+
+Results are small dicts of JSON-able values and ``bytes`` (e.g. packed masks), carried in
+a ConfigRecord (bytes stay bytes). Diagnostics only observe: they must never change the
+models they are given.
 """
 
 from __future__ import annotations
@@ -16,8 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import json
+
 import numpy as np
 import torch
+from flwr.app import ConfigRecord
 
 from fedmech_flwr.arrays import NamedArrays
 from fedmech_flwr.models import FedMechModel
@@ -35,7 +47,9 @@ class ClientUpdate:
     num_examples: int
     metrics: dict[str, Any]
     diagnostics: dict[str, Any] = field(default_factory=dict)
-    """Client-side diagnostic results, keyed by diagnostic name."""
+    """``client_side`` results (after local training), keyed by diagnostic name."""
+    global_diagnostics: dict[str, Any] = field(default_factory=dict)
+    """``client_side_global`` results (on this round's aggregate), keyed by name."""
 
 
 @dataclass
@@ -75,6 +89,20 @@ class ClientContext:
 
 
 @dataclass
+class GlobalContext:
+    """What ``client_side_global`` may read: the new aggregate and the client's own data."""
+
+    server_round: int
+    partition_id: int
+    global_model: FedMechModel
+    """This round's aggregated model, as the server will send it next round."""
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    device: torch.device
+
+
+@dataclass
 class DiagnosticResult:
     metrics: dict[str, Any]
     """JSON-able values, appended to metrics.jsonl."""
@@ -92,8 +120,16 @@ class Diagnostic:
         self.params = params
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any] | None:
-        """Optional work on a client's own data; return a small JSON-able dict."""
+        """Optional work on a client's own data after local training; a small dict."""
         return None
+
+    def client_side_global(self, ctx: GlobalContext) -> dict[str, Any] | None:
+        """Optional work on the new aggregate with a client's own data; a small dict."""
+        return None
+
+    def needs_global_pass(self) -> bool:
+        """Whether this diagnostic asks for the post-aggregation client round trip."""
+        return type(self).client_side_global is not Diagnostic.client_side_global
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         raise NotImplementedError
@@ -103,3 +139,31 @@ class Diagnostic:
         """Draw this diagnostic's plots from its metrics.jsonl records; return the files."""
         return []
 
+
+_JSON_KEY = "json"
+_BYTES_PREFIX = "bytes:"
+
+
+def encode_results(results: dict[str, dict[str, Any]]) -> dict[str, str | bytes]:
+    """Client-side results by diagnostic name as ConfigRecord entries (bytes kept raw)."""
+    entries: dict[str, str | bytes] = {}
+    plain: dict[str, dict[str, Any]] = {}
+    for name, result in results.items():
+        plain[name] = {}
+        for key, value in result.items():
+            if isinstance(value, bytes):
+                entries[f"{_BYTES_PREFIX}{name}:{key}"] = value
+            else:
+                plain[name][key] = value
+    entries[_JSON_KEY] = json.dumps(plain)
+    return entries
+
+
+def decode_results(record: ConfigRecord) -> dict[str, dict[str, Any]]:
+    """Inverse of ``encode_results``."""
+    results: dict[str, dict[str, Any]] = json.loads(str(record.get(_JSON_KEY, "{}")))
+    for key, value in record.items():
+        if key.startswith(_BYTES_PREFIX):
+            name, item = key[len(_BYTES_PREFIX):].split(":", 1)
+            results.setdefault(name, {})[item] = bytes(value)
+    return results

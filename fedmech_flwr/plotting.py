@@ -39,7 +39,7 @@ def line_plot(
     return path
 
 
-def _heatmap(matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path) -> Path:
+def heatmap(matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path) -> Path:
     fig = Figure(figsize=(max(6.0, 0.45 * len(rounds) + 3), 0.38 * len(row_labels) + 1.8), layout="constrained")
     ax = fig.subplots()
     im = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
@@ -89,7 +89,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         rounds = [r["round"] for r in evals]
         per_class = np.array([[np.nan if v is None else v for v in r["per_class_accuracy"]] for r in evals]).T
         names = class_names or [str(c) for c in range(per_class.shape[0])]
-        out.append(_heatmap(per_class, rounds, names, "Per-class test accuracy of the global model",
+        out.append(heatmap(per_class, rounds, names, "Per-class test accuracy of the global model",
                             plots / "per_class_accuracy.png"))
         sparsity = {"global model": [(r["round"], r["sparsity"]) for r in evals]}
         if by_round:

@@ -29,13 +29,18 @@ from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, to_record
 from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
-from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
 from fedmech_flwr.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
 REPORT_KEY = "report"
-"""Name of the ConfigRecord in a train reply with the client's partition-id and details."""
+"""Name of the ConfigRecord in a reply with the client's partition-id, details and
+client-side diagnostic results."""
+CONFIG_KEY = "fedmech-config"
+"""ConfigRecord key holding the resolved experiment config as JSON (sent to clients)."""
+DIAGNOSE_ACTION = "diagnose"
+"""``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
 
 
 class ClientFailure(RuntimeError):
@@ -139,8 +144,8 @@ def client_update(reply: Message) -> ClientUpdate:
         partition_id=int(report["partition-id"]),
         arrays=from_record(arrays_record),
         num_examples=int(metrics["num-examples"]),
-        metrics={**metrics, **details.get("metrics", {})},
-        diagnostics=details.get("diagnostics", {}),
+        metrics={**metrics, **details},
+        diagnostics=decode_results(report),
     )
 
 
@@ -186,6 +191,7 @@ class RoundProtocol(Strategy):
         self.post_aggregate = post_aggregate
         self.current = RoundSummary()
         self._sent_arrays: NamedArrays = {}
+        self._grid: Grid | None = None
 
     def sample(self, server_round: int) -> list[int]:
         """Partition-ids trained in ``server_round`` (seeded by seed and round; sorted)."""
@@ -204,6 +210,7 @@ class RoundProtocol(Strategy):
         sampled = self.sample(server_round)
         self.current = RoundSummary(server_round, tuple(sampled), (), time.perf_counter())
         self._sent_arrays = from_record(arrays)
+        self._grid = grid
         offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
         return list(self.strategy.configure_train(server_round, arrays, config, offered))
 
@@ -251,12 +258,34 @@ class RoundProtocol(Strategy):
         due = [(spec, diag) for spec, diag in self.diagnostics if spec.due(server_round)]
         if not due:
             return
+        if any(diag.needs_global_pass() for _, diag in due):
+            self._global_pass(server_round, arrays, updates)
         global_arrays = from_record(arrays)
         state = self.make_state(server_round, global_arrays, self._sent_arrays, updates)
         for spec, diag in due:
             start = time.perf_counter()
             result: DiagnosticResult = diag.server_side(state)
             self.recorder.diagnostic(server_round, spec.name, result, time.perf_counter() - start)
+
+    def _global_pass(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
+        """Send the new aggregate to this round's clients for ``client_side_global``."""
+        config = ConfigRecord({CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
+        messages = [
+            Message(
+                RecordDict({"arrays": arrays, "config": config}),
+                dst_node_id=self.partitions[pid],
+                message_type=f"{MessageType.QUERY}.{DIAGNOSE_ACTION}",
+            )
+            for pid in updates
+        ]
+        for reply in self._grid.send_and_receive(messages, timeout=self.cfg.federation.round_timeout_s):
+            pid = self.node_to_partition[reply.metadata.src_node_id]
+            if reply.has_error():
+                reason = f"diagnostic pass: {reply.error.reason}"
+                self.recorder.failure(server_round, pid, reason, "continue")
+                log.warning("round %d: client %d %s", server_round, pid, reason)
+                continue
+            updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])

@@ -22,17 +22,13 @@ from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.protocol import RoundProtocol, discover_partitions
+from fedmech_flwr.protocol import CONFIG_KEY, RoundProtocol, discover_partitions
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.run_folder import RunFolder
 from fedmech_flwr.strategy import STRATEGIES
 from fedmech_flwr.training import evaluate, resolve_device
 
 log = logging.getLogger(__name__)
-
-CONFIG_KEY = "fedmech-config"
-"""Train-message ConfigRecord key holding the resolved experiment config as JSON."""
-
 
 def output_root(cfg: ExperimentConfig, out: str | None = None) -> Path:
     """``--out`` beats ``FEDMECH_OUT`` beats the config's ``output_root``."""
