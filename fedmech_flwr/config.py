@@ -104,6 +104,10 @@ class DataConfig:
     """Which dataset, e.g. ``{name: fashion_mnist, root: null}``."""
     partition: Component = component("partition")
     """How training samples are split over clients, e.g. ``{name: dirichlet, alpha: 0.1}``."""
+    audit_per_class: int = field(default=0, metadata={"ge": 0})
+    """The server-held audit set: this many training samples of each class (seeded) are
+    held out from every client and given to server-side diagnostics as the data set
+    ``audit``. 0: no audit set. Never the test set."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ import torch
 
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DatasetBundle, load_dataset
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
 from fedmech_flwr.training import seed_everything
@@ -24,13 +25,36 @@ def load_data(cfg: ExperimentConfig) -> DatasetBundle:
     return load_dataset(cfg.data.dataset.name, cfg.data.dataset.params)
 
 
+def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle) -> np.ndarray:
+    """Training-set indices of the server's audit set: ``data.audit_per_class`` samples of
+    every class, seeded, sorted (empty without an audit set)."""
+    per_class = cfg.data.audit_per_class
+    labels = bundle.y_train.numpy()
+    if per_class == 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng([cfg.seed, 104729])
+    picks = []
+    for c in range(bundle.num_classes):
+        pool = np.flatnonzero(labels == c)
+        if len(pool) <= per_class:
+            raise ConfigError(
+                f"audit_per_class ({per_class}) must be below the {len(pool)} training samples of class {c}",
+                "data.audit_per_class",
+            )
+        picks.append(rng.choice(pool, size=per_class, replace=False))
+    return np.sort(np.concatenate(picks)).astype(np.int64)
+
+
 def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle) -> list[np.ndarray]:
-    """Training-set indices of every client (deterministic in the config and seed)."""
+    """Training-set indices of every client (deterministic in the config and seed); the
+    audit set, if any, is held out before partitioning."""
     key = repr((to_plain(cfg.data), cfg.federation.num_clients, cfg.seed))
     if key not in _PARTITIONS:
         part = cfg.data.partition
-        labels = bundle.y_train.numpy()
-        _PARTITIONS[key] = partition_dataset(part.name, part.params, labels, cfg.federation.num_clients, cfg.seed)
+        available = np.setdiff1d(np.arange(len(bundle.y_train)), audit_indices(cfg, bundle))
+        labels = bundle.y_train.numpy()[available]
+        parts = partition_dataset(part.name, part.params, labels, cfg.federation.num_clients, cfg.seed)
+        _PARTITIONS[key] = [available[p] for p in parts]
     return _PARTITIONS[key]
 
 

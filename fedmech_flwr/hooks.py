@@ -64,7 +64,8 @@ class RoundState:
     clients: dict[int, ClientUpdate]
     """Successful clients of this round, keyed by partition-id (ascending)."""
     datasets: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    """Server-held labelled data by name; ``test`` is the held-out test set."""
+    """Server-held labelled data by name: ``test`` (the test set) and, when the config
+    names one (``data.audit_per_class``), ``audit`` (held out from every client)."""
     num_classes: int
     build_model: Callable[[NamedArrays], FedMechModel]
     """A fresh model (eval mode, on the run's device) holding the given arrays."""

@@ -140,12 +140,12 @@ class RunFolder:
         }
         _write_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))
 
-    def write_partitions(self, parts: list[np.ndarray], histograms: np.ndarray, class_names: list[str]) -> None:
+    def write_partitions(self, parts: list[np.ndarray], histograms: np.ndarray, class_names: list[str], audit_size: int) -> None:
         clients = [
             {"partition_id": i, "num_samples": int(len(p)), "label_histogram": histograms[i].astype(int).tolist()}
             for i, p in enumerate(parts)
         ]
-        payload = {"num_clients": len(parts), "class_names": class_names, "clients": clients}
+        payload = {"num_clients": len(parts), "class_names": class_names, "audit_samples": audit_size, "clients": clients}
         _write_atomic(self.path / PARTITIONS_FILE, json.dumps(payload, indent=1))
 
     def append(self, record: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from flwr.serverapp import Grid
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.experiment import client_partitions, load_data, new_model
+from fedmech_flwr.experiment import audit_indices, client_partitions, load_data, new_model
 from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
@@ -48,6 +48,7 @@ def run_experiment(
     device = resolve_device(cfg.device)
     bundle = load_data(cfg)
     parts = client_partitions(cfg, bundle)
+    audit = torch.from_numpy(audit_indices(cfg, bundle))
     model = new_model(cfg, bundle, device)
     initial = model_arrays(model)
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params)
@@ -60,8 +61,11 @@ def run_experiment(
         folder.write_config(cfg.to_plain())
         folder.write_environment(cfg.seed, str(device), run_config or {})
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
-        folder.write_partitions(parts, hist, list(bundle.class_names))
-        _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, device)
+        folder.write_partitions(parts, hist, list(bundle.class_names), len(audit))
+        datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
+        if len(audit):
+            datasets["audit"] = (bundle.x_train[audit].to(device), bundle.y_train[audit].to(device))
+        _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, datasets, device)
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
         try:  # a failed run still gets the plots of the rounds it finished
@@ -75,9 +79,9 @@ def run_experiment(
     return folder.path
 
 
-def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, device) -> None:
+def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, datasets, device) -> None:
     fed = cfg.federation
-    x_test, y_test = bundle.x_test.to(device), bundle.y_test.to(device)
+    x_test, y_test = datasets["test"]
 
     def build(arrays: NamedArrays):
         m = new_model(cfg, bundle, device)
@@ -85,7 +89,7 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
         return m.eval()
 
     def make_state(rnd: int, global_arrays: NamedArrays, previous: NamedArrays, clients: dict[int, ClientUpdate]) -> RoundState:
-        return RoundState(rnd, global_arrays, previous, clients, {"test": (x_test, y_test)}, bundle.num_classes, build, device)
+        return RoundState(rnd, global_arrays, previous, clients, datasets, bundle.num_classes, build, device)
 
     def reprune(arrays: NamedArrays) -> NamedArrays:
         m = build(arrays)

@@ -147,3 +147,29 @@ def test_bad_circuits_config_fails_at_load(override, message):
     with pytest.raises(ConfigError) as err:
         load_experiment(CIRCUITS_SMOKE, [override])
     assert message in str(err.value)
+
+
+def test_audit_set_is_held_out_from_every_client_and_used_for_global_circuits(tmp_path):
+    from fedmech_flwr.experiment import audit_indices, client_partitions, load_data
+
+    plugins.load()
+    cfg = load_experiment(CIRCUITS_SMOKE, [
+        "data.audit_per_class=5", "federation.num_rounds=1",
+        "diagnostics=[{name: circuits, audit: true, ablations: [], gates: {steps: 10, batch_size: 16}, min_class_samples: 5}]",
+    ])
+    bundle = load_data(cfg)
+    audit = audit_indices(cfg, bundle)
+    assert np.bincount(bundle.y_train.numpy()[audit]).tolist() == [5, 5, 5, 5]
+    assert not set(audit) & set(np.concatenate(client_partitions(cfg, bundle)))
+    run = run_in_process(cfg, tmp_path)
+    (rec,) = [r for r in read_records(run, "diagnostic") if r["name"] == "circuits"]
+    assert rec["mean"]["audit_vs_client_context"] is not None
+    assert set(rec["ablation"]["audit"]) == {"0", "1", "2", "3"}
+    assert "audit/0/conv1" in load_arrays(run / "diagnostics" / "circuits" / "round_001.safetensors")
+
+
+def test_audit_without_an_audit_set_is_a_clear_error(tmp_path):
+    plugins.load()
+    cfg = load_experiment(CIRCUITS_SMOKE, ["federation.num_rounds=1", "diagnostics=[{name: circuits, audit: true}]"])
+    with pytest.raises(RuntimeError, match="data.audit_per_class > 0"):
+        run_in_process(cfg, tmp_path)

@@ -9,7 +9,10 @@ Where each part runs:
 - in the ClientApp on the new aggregate (``client_side_global``, a ``query.diagnose``
   round trip): the *global model's* circuits in that client's context (its data);
 - on the server (``server_side``): IoUs and sufficiency / necessity ablations on the
-  server's test set (a balanced, seeded subset of ``ablation_samples`` images).
+  server's test set (a balanced, seeded subset of ``ablation_samples`` images); with
+  ``audit: true``, also the global model's circuits on the server-held audit set
+  (``data.audit_per_class``), compared per class with its circuits in client contexts
+  (``audit_vs_client_context``) and ablated (variant ``audit``).
 
 Masks travel as packed bytes (one bit per channel). Metrics per round, each per class and
 as a mean over classes, each next to the number of empty circuits it involved:
@@ -45,7 +48,7 @@ import torch
 from diagnostics.circuits.ablation import ablation_report, channel_means
 from diagnostics.circuits.discovery import discover_circuits
 from diagnostics.circuits.gates import GateConfig
-from diagnostics.circuits.metrics import circuit_iou, circuit_size, is_empty, pack_masks, unpack_masks
+from diagnostics.circuits.metrics import circuit_iou, circuit_size, is_empty, pack_masks, to_bools, unpack_masks
 from fedmech_flwr.hooks import (
     DIAGNOSTICS,
     ClientContext,
@@ -74,6 +77,9 @@ class CircuitsConfig:
     """How removed channels are filled: 0, or their mean activation on the ablation set."""
     ablation_samples: int = field(default=1000, metadata={"ge": 10})
     """Balanced, seeded subset of the test set used for ablations."""
+    audit: bool = False
+    """Also find the global model's circuits on the server's audit set (needs
+    ``data.audit_per_class`` > 0) and compare them with its circuits in client contexts."""
     moving_average: int = field(default=1, metadata={"ge": 1})
     """Window of the moving average drawn over the IoU curves (1: none)."""
 
@@ -147,12 +153,21 @@ class Circuits(Diagnostic):
             mean[key] = _mean(scores)
             empty[key] = sum(is_empty(mask) for m in models.values() for mask in m.values())
 
+        audit = self._audit_circuits(state, global_model) if p.audit else {}
+        for c in audit:
+            scores = [iou(glob[pid][c], audit[c]) for pid in sorted(glob) if c in glob[pid]]
+            per_class[c]["audit_vs_client_context"] = _mean(scores)
+        if audit:
+            mean["audit_vs_client_context"] = _mean(
+                [v["audit_vs_client_context"] for v in per_class.values() if v.get("audit_vs_client_context") is not None]
+            )
+
         result_sizes = {
             kind: {layer: _mean([circuit_size(mask)[layer] for m in models.values() for mask in m.values()])
                    for layer in sizes}
             for kind, models in (("local", local), ("global", glob))
         }
-        ablation = self._ablations(state, global_model, local, glob) if p.ablations else {}
+        ablation = self._ablations(state, global_model, local, glob, audit) if p.ablations or audit else {}
         self._previous.update(local)
 
         arrays = {
@@ -160,6 +175,8 @@ class Circuits(Diagnostic):
             for kind, models in (("local", local), ("global", glob))
             for pid, m in models.items() for c, layers in m.items() for layer, mask in layers.items()
         }
+        arrays.update({f"audit/{c}/{layer}": to_bools(mask).astype(np.uint8)
+                       for c, layers in audit.items() for layer, mask in layers.items()})
         client_seconds = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("seconds"),
                                      "global": u.global_diagnostics.get("circuits", {}).get("seconds")}
                           for pid, u in state.clients.items()}
@@ -170,7 +187,16 @@ class Circuits(Diagnostic):
             arrays=arrays,
         )
 
-    def _ablations(self, state: RoundState, global_model, local, glob) -> dict[str, Any]:
+    def _audit_circuits(self, state: RoundState, global_model) -> dict[int, dict[str, Any]]:
+        if "audit" not in state.datasets:
+            raise RuntimeError(
+                "circuits.audit is true but the run has no audit set; set data.audit_per_class > 0"
+            )
+        x, y = state.datasets["audit"]
+        generator = torch.Generator().manual_seed(state.server_round)
+        return discover_circuits(global_model, x, y, _held(y, state.num_classes, 1), self.params.gates, generator)
+
+    def _ablations(self, state: RoundState, global_model, local, glob, audit) -> dict[str, Any]:
         p = self.params
         x_test, y_test = state.datasets["test"]
         subset = _balanced_subset(y_test, p.ablation_samples, state.num_classes, seed=state.server_round)
@@ -193,6 +219,8 @@ class Circuits(Diagnostic):
                 model = state.build_model(state.clients[pid].arrays)
                 l_means = means_of(model)
                 jobs["local"].extend((model, l_means, c, mask) for c, mask in local[pid].items())
+        if audit:
+            jobs["audit"] = [(global_model, g_means, c, mask) for c, mask in audit.items()]
         out: dict[str, Any] = {}
         for variant, items in jobs.items():
             reports = defaultdict(list)
