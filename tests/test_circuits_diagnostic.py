@@ -58,7 +58,10 @@ def test_iou_bookkeeping_matches_hand_computed_values():
     empty = mask([], [])
     local = {0: {0: a, 1: b}, 1: {0: a}}
     glob = {0: {0: a, 1: a}, 1: {0: b}}
-    r1 = diag.server_side(state(1, local, glob)).metrics
+    round1 = state(1, local, glob)
+    before = {k: v.tobytes() for k, v in round1.global_arrays.items()}
+    r1 = diag.server_side(round1).metrics
+    assert {k: v.tobytes() for k, v in round1.global_arrays.items()} == before  # observe only
     cls0 = r1["per_class"]["0"]
     assert cls0["clients"] == [0, 1]
     assert cls0["inter_client"] == pytest.approx(1.0)  # both clients share mask a
@@ -173,3 +176,15 @@ def test_audit_without_an_audit_set_is_a_clear_error(tmp_path):
     cfg = load_experiment(CIRCUITS_SMOKE, ["federation.num_rounds=1", "diagnostics=[{name: circuits, audit: true}]"])
     with pytest.raises(RuntimeError, match="data.audit_per_class > 0"):
         run_in_process(cfg, tmp_path)
+
+
+def test_ablations_leave_every_model_untouched():
+    a, b = mask([0, 1], [0, 1, 2, 3]), mask([2, 3], [4, 5, 6, 7])
+    round1 = state(1, {0: {0: a, 1: b}}, {0: {0: b, 1: a}})
+    model = round1.build_model(round1.global_arrays)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    diag = Circuits(CircuitsConfig(ablations=["global", "cross", "local"], ablation_samples=30))
+    report = diag.server_side(round1).metrics["ablation"]
+    assert set(report) == {"global", "cross", "local"}
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not any(m._forward_hooks for m in model.modules())
