@@ -193,7 +193,7 @@ def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
     how = (
         "on Debian/Ubuntu `apt-get install dataset-fashion-mnist`; or, on a machine with "
         "network, `python -c \"import torchvision; torchvision.datasets.FashionMNIST("
-        "'~/.cache/fedmech/data', download=True)\"`; or point `data.root: /path` at a "
+        "'~/.cache/fedmech/data', download=True)\"`; or point `data.dataset.root: /path` at a "
         "directory holding the four idx .gz files. Nothing is downloaded automatically."
     )
     return _load_idx_dataset("fashion_mnist", dirs, how, FASHION_CLASSES, 0.2860, 0.3530)
@@ -216,7 +216,7 @@ def mnist(cfg: MNISTConfig) -> DatasetBundle:
     how = (
         "on a machine with network, `python -c \"import torchvision; "
         "torchvision.datasets.MNIST('~/.cache/fedmech/data', download=True)\"`; or point "
-        "`data.root: /path` at a directory holding the four idx .gz files. Nothing is "
+        "`data.dataset.root: /path` at a directory holding the four idx .gz files. Nothing is "
         "downloaded automatically."
     )
     return _load_idx_dataset("mnist", dirs, how, [str(i) for i in range(10)], 0.1307, 0.3081)
@@ -260,7 +260,7 @@ def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
             arrays = _read_cifar_torchvision(path.parent)
             return _bundle("cifar10", arrays, CIFAR10_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
     how = (
-        "set `data.npz: /path/cifar10.npz` (or $FEDMECH_CIFAR10_NPZ) to an .npz holding "
+        "set `data.dataset.npz: /path/cifar10.npz` (or $FEDMECH_CIFAR10_NPZ) to an .npz holding "
         "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]; or, on a machine "
         "with network, `python -c \"import torchvision; torchvision.datasets.CIFAR10("
         "'~/.cache/fedmech/data', download=True)\"`. Nothing is downloaded automatically."

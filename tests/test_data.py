@@ -91,7 +91,7 @@ def test_missing_fashion_mnist_lists_paths_and_how_to_get_it(tmp_path):
     message = str(err.value)
     assert str(root) in message and str(root / "FashionMNIST" / "raw") in message
     assert "apt-get install dataset-fashion-mnist" in message
-    assert "download=True" in message and "data.root" in message
+    assert "download=True" in message and "data.dataset.root" in message
 
 
 def test_incomplete_folder_names_missing_files(tmp_path):
@@ -179,7 +179,7 @@ def test_foreign_npz_gives_clear_errors(tmp_path):
 
 
 def test_missing_cifar10_npz(tmp_path):
-    with pytest.raises(DataNotFoundError, match="data.npz") as err:
+    with pytest.raises(DataNotFoundError, match="data.dataset.npz") as err:
         load_dataset("cifar10", CIFAR10Config(npz=str(tmp_path / "none.npz")))
     assert str(tmp_path / "none.npz") in str(err.value)
 
