@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` stops the
+    # SuperLink and simulation it started instead of leaving them behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -143,15 +143,47 @@ def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int
             _stop(superlink)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a process started in its own session, and everything it started."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere). The SuperLink starts
+    the simulation (and so Ray) in sessions of their own, out of reach of killpg."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=30)
-            return
-        except subprocess.TimeoutExpired:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
             continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the SuperLink and everything it started (simulation, Ray), SIGKILL if need be."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.2)
+        if not any(_alive(pid) for pid in pids):
+            break
+    proc.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # zombie: gone
+    except OSError:
+        return not Path("/proc").is_dir()
