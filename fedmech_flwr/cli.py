@@ -3,6 +3,7 @@
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech plot RUN_DIR
+    fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
 
 ``run`` validates the experiment, then runs it with real ``flwr run`` on a private
 local simulation SuperLink, and exits 0 only when the run completed (Flower's own run
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from fedmech_flwr import plugins
+from fedmech_flwr.commands import COMMANDS
 from fedmech_flwr.config import load_experiment
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.run_folder import read_status
@@ -28,7 +30,6 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _validate(args: argparse.Namespace):
-    plugins.load()
     return load_experiment(args.experiment, args.set)
 
 
@@ -75,7 +76,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from fedmech_flwr.plotting import plot_run
 
-    plugins.load()
     for path in plot_run(args.run_dir):
         print(path)
     return EXIT_OK
@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
+    plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
+    for name in COMMANDS.names():
+        command = COMMANDS.get(name).factory
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(fn=command.run)
     return parser
 
 

@@ -1,0 +1,105 @@
+"""The ``usae`` diagnostic: every N rounds, one universal SAE over the global model and
+each client's model (``compare: clients``) or the global model and a fixed reference
+model (``compare: reference``, e.g. an IID run's final model), at one gated layer.
+
+Runs on the server on the audit set when the run has one (``data.audit_per_class``),
+else on the test set (recorded as ``data``). Records the R^2 matrix, sparsity, shared /
+unique concept counts and overlap, and stitching (see ``diagnostics.usae.analysis``);
+stores the dictionary's weights and the concept firing frequencies as arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from diagnostics.usae.analysis import CpuUSAEConfig, analyse
+from diagnostics.usae.sources import load_source_model, parse_source
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.plotting import line_plot
+
+
+@dataclass
+class UsaeDiagnosticConfig:
+    layer: str
+    """Gated layer whose activations are compared, e.g. conv2."""
+    usae: CpuUSAEConfig = field(default_factory=CpuUSAEConfig)
+    """Dictionary size and training (CPU defaults: expansion 4, k 16, 10 epochs)."""
+    compare: Literal["clients", "reference"] = "clients"
+    """The global model against every client's model of the round, or against ``reference``."""
+    reference: str | None = None
+    """With compare: reference: a run folder, RUN_DIR@ROUND or CONFIG.yaml:WEIGHTS.safetensors
+    (same dataset as this run)."""
+    max_images: int = field(default=2000, metadata={"ge": 1})
+    """Images taken from the audit (else test) set."""
+    threshold: float = field(default=0.01, metadata={"ge": 0.0, "lt": 1.0})
+    """Firing frequency above which a concept counts as active (reported besides > 0)."""
+
+
+@DIAGNOSTICS.register("usae", UsaeDiagnosticConfig)
+class Usae(Diagnostic):
+    """Shared and unique concepts of the global and the clients' (or a reference) models."""
+
+    def __init__(self, params: UsaeDiagnosticConfig) -> None:
+        super().__init__(params)
+        if params.compare == "reference" and not params.reference:
+            raise ConfigError("compare: reference needs reference: RUN_DIR or CONFIG.yaml:WEIGHTS",
+                              "diagnostics.usae.reference")
+        self._reference = None
+
+    def _models(self, state: RoundState):
+        models = [state.build_model(state.global_arrays)]
+        names = ["global"]
+        if self.params.compare == "reference":
+            if self._reference is None:
+                source = parse_source(self.params.reference)
+                self._reference = (source.name, load_source_model(source, state.device))
+            names.append(f"reference {self._reference[0]}")
+            models.append(self._reference[1])
+        else:
+            for pid, update in state.clients.items():
+                models.append(state.build_model(update.arrays))
+                names.append(f"client {pid}")
+        return models, names
+
+    def server_side(self, state: RoundState) -> DiagnosticResult:
+        p = self.params
+        split = "audit" if "audit" in state.datasets else "test"
+        x, y = state.datasets[split]
+        x, y = x[: p.max_images], y[: p.max_images]
+        models, names = self._models(state)
+        usae, metrics = analyse(models, names, p.layer, x, y, p.usae, state.device, p.threshold)
+        activity = np.asarray(metrics.pop("activity"), dtype=np.float32)
+        metrics["data"] = {"split": split, "num_images": len(x)}
+        metrics["compare"] = p.compare
+        arrays = {f"usae/{k}": v.detach().cpu().numpy() for k, v in usae.state_dict().items()}
+        arrays["activity"] = activity
+        return DiagnosticResult(metrics=metrics, arrays=arrays)
+
+    @classmethod
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+        if not records:
+            return []
+        overlap = {
+            f"shared / alive ({label})": [(r["round"], r["overlap"][key]["overlap"]) for r in records
+                                          if r["overlap"][key]["overlap"] is not None]
+            for key, label in (("fires_once", "fires at least once"), ("thresholded", "frequency > threshold"))
+        }
+        r2 = {
+            label: [(r["round"], r[key]) for r in records if r[key] is not None]
+            for key, label in (("r2_cross_mean", "mean cross R^2 (i != j)"), ("r2_self_mean", "mean self R^2"))
+        }
+        out = []
+        overlap = {k: v for k, v in overlap.items() if v}
+        if overlap:
+            out.append(line_plot(overlap, "USAE concept overlap over rounds", "shared / alive concepts",
+                                 plots_dir / "usae_overlap.png", (0.0, 1.05)))
+        r2 = {k: v for k, v in r2.items() if v}
+        if r2:
+            out.append(line_plot(r2, f"USAE reconstruction at {records[-1]['layer']} over rounds", "R^2",
+                                 plots_dir / "usae_r2.png"))
+        return out

@@ -1,0 +1,206 @@
+"""What a trained USAE says about its models: reconstruction (R^2 matrix), sparsity,
+which concepts they share, and stitching one model's concepts into another.
+
+``tokens`` is always a list of M aligned token tensors [T, d_i] (``collect_tokens``);
+work is done in chunks of ``batch_size`` tokens so dense codes [T, n] never all exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from diagnostics.usae.activations import check_layer, evaluating, from_tokens
+from diagnostics.usae.model import USAE
+from fedmech_flwr.models import FedMechModel
+
+Concepts = Literal["all", "shared", "unique"] | Tensor | np.ndarray
+
+
+def _residual_ss(x: Tensor, x_hat: Tensor) -> float:
+    return float((x.double() - x_hat.double()).square().sum())
+
+
+def _total_ss(x: Tensor) -> float:
+    x = x.double()
+    return float((x - x.mean(0)).square().sum())
+
+
+def explained_variance(x: Tensor, x_hat: Tensor) -> float:
+    """R^2 = 1 - sum((x - x_hat)^2) / sum((x - mean(x))^2), summed over all tokens and
+    features, mean(x) being each feature's mean over tokens: 1 is perfect, 0 no better
+    than the mean."""
+    return 1.0 - _residual_ss(x, x_hat) / _total_ss(x)
+
+
+def _device(usae: USAE) -> torch.device:
+    return next(usae.parameters()).device
+
+
+@torch.no_grad()
+def r2_matrix(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
+    """[M, M]: entry (i, j) is ``explained_variance`` of model j's tokens reconstructed
+    (in its original space) from model i's codes."""
+    m, device = usae.num_models, _device(usae)
+    sse = np.zeros((m, m))
+    for start in range(0, len(tokens[0]), batch_size):
+        chunk = [t[start : start + batch_size] for t in tokens]
+        for i in range(m):
+            codes = usae.encode(i, chunk[i].to(device))
+            for j in range(m):
+                sse[i, j] += _residual_ss(chunk[j], usae.decode(j, codes).cpu())
+    return 1.0 - sse / np.array([_total_ss(t) for t in tokens])[None, :]
+
+
+def l0(codes: Tensor) -> float:
+    """Mean number of non-zero concepts per token."""
+    return float((codes != 0).sum(-1).double().mean())
+
+
+def dead_fraction(codes_by_model: Sequence[Tensor]) -> float:
+    """Fraction of concepts that fire on no token of any model."""
+    fired = torch.stack([(codes != 0).any(0) for codes in codes_by_model]).any(0)
+    return 1.0 - float(fired.double().mean())
+
+
+@torch.no_grad()
+def concept_activity(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
+    """[M, n] firing frequencies: the fraction of model i's tokens whose code (from model
+    i's encoder) uses each concept."""
+    device = _device(usae)
+    counts = np.zeros((usae.num_models, usae.dict_size))
+    for i, t in enumerate(tokens):
+        for start in range(0, len(t), batch_size):
+            codes = usae.encode(i, t[start : start + batch_size].to(device))
+            counts[i] += (codes != 0).sum(0).cpu().numpy()
+    return counts / np.array([[len(t)] for t in tokens])
+
+
+@dataclass(frozen=True)
+class ConceptOverlap:
+    """How the dictionary's concepts split over the models."""
+
+    shared: int
+    """Concepts active in every model."""
+    unique: list[int]
+    """Per model, the concepts active in it and no other."""
+    dead: int
+    """Concepts active in no model."""
+    alive: int
+
+    @property
+    def overlap(self) -> float:
+        """shared / alive (the paper's 98.7% for IID vs alpha 0.05)."""
+        return self.shared / self.alive if self.alive else float("nan")
+
+
+def shared_unique(activity: np.ndarray, threshold: float = 0.0) -> ConceptOverlap:
+    """Counts from ``concept_activity``: a concept is active in a model when its firing
+    frequency there is > ``threshold`` (0: it fires at least once, the paper's rule; a
+    concept's rare stray firings then count it as shared, a small threshold ignores them)."""
+    active = np.asarray(activity) > threshold
+    alive = active.any(0)
+    alone = active.sum(0) == 1
+    return ConceptOverlap(
+        shared=int(active.all(0).sum()),
+        unique=[int((row & alone).sum()) for row in active],
+        dead=int((~alive).sum()),
+        alive=int(alive.sum()),
+    )
+
+
+def concept_mask(
+    concepts: Concepts, source: int, activity: np.ndarray | None = None, threshold: float = 0.0
+) -> Tensor:
+    """Bool mask [n] of the concepts to keep: "all" (a scalar True); "shared" (active in
+    every model) or "unique" (active in model ``source`` only), both from ``activity``
+    and ``threshold``; or a given mask."""
+    if not isinstance(concepts, str):
+        return torch.as_tensor(concepts, dtype=torch.bool)
+    if concepts == "all":
+        return torch.tensor(True)
+    if concepts not in ("shared", "unique"):
+        raise ValueError(f"concepts must be 'all', 'shared', 'unique' or a mask, got {concepts!r}")
+    if activity is None:
+        raise ValueError(f"concepts='{concepts}' needs the activity matrix (concept_activity)")
+    active = np.asarray(activity) > threshold
+    keep = active.all(0) if concepts == "shared" else active[source] & (active.sum(0) == 1)
+    return torch.from_numpy(keep)
+
+
+def finish_from_layer(model: FedMechModel, layer: str, x: Tensor) -> Callable[[Tensor], Tensor]:
+    """``finish(tokens) -> logits``: ``model`` run on images ``x`` with gated layer
+    ``layer``'s output replaced by ``tokens`` (laid out as ``collect_tokens`` gives them),
+    so the rest of the network and the head run on them. Any layer, any FedMechModel."""
+    check_layer([model], layer)
+
+    def finish(tokens: Tensor) -> Tensor:
+        def replace(_module, _inputs, out: Tensor) -> Tensor:
+            return from_tokens(tokens.to(out.device, out.dtype), out)
+
+        handle = model.layer_module(layer).register_forward_hook(replace)
+        try:
+            with evaluating(model) as device:
+                return model(x.to(device))
+        finally:
+            handle.remove()
+
+    return finish
+
+
+@dataclass(frozen=True)
+class Stitch:
+    """Counts of a stitching test; add the Stitch of each image chunk to combine them."""
+
+    correct: int
+    """Images classified right by model j finishing from the stitched activations."""
+    own_correct: int
+    """Images classified right by model j on its own activations."""
+    total: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total
+
+    @property
+    def own_accuracy(self) -> float:
+        return self.own_correct / self.total
+
+    @property
+    def percent_of_own(self) -> float:
+        return 100.0 * self.correct / self.own_correct if self.own_correct else float("nan")
+
+    def __add__(self, other: Stitch) -> Stitch:
+        return Stitch(
+            self.correct + other.correct, self.own_correct + other.own_correct, self.total + other.total
+        )
+
+
+@torch.no_grad()
+def stitch_accuracy(
+    usae: USAE,
+    i: int,
+    j: int,
+    tokens: Sequence[Tensor],
+    finish_j: Callable[[Tensor], Tensor],
+    y: Tensor,
+    concepts: Concepts = "all",
+    activity: np.ndarray | None = None,
+    threshold: float = 0.0,
+) -> Stitch:
+    """Encode model i's tokens, keep only ``concepts`` (see ``concept_mask``), decode
+    into model j's space and let ``finish_j`` (e.g. ``finish_from_layer``) classify the
+    images of labels ``y``; compared with ``finish_j`` on model j's own tokens.
+
+    All tokens are encoded at once: pass a chunk of images at a time and add the Stitches.
+    """
+    codes = usae.encode(i, tokens[i].to(_device(usae)))
+    codes = codes * concept_mask(concepts, i, activity, threshold).to(codes.device)
+    stitched = finish_j(usae.decode(j, codes)).argmax(1).cpu()
+    own = finish_j(tokens[j]).argmax(1).cpu()
+    return Stitch(int((stitched == y).sum()), int((own == y).sum()), len(y))

@@ -1,0 +1,178 @@
+"""``fedmech usae`` on saved runs, and the per-round ``usae`` diagnostic in a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import smoke_config
+from fedmech_flwr.arrays import load_arrays
+from fedmech_flwr.cli import EXIT_BAD_INPUT, build_parser, main
+from fedmech_flwr.run_folder import read_records
+
+TINY = ["--set", "expansion=2", "--set", "k=4", "--set", "epochs=2"]
+TINY_YAML = "{expansion: 2, k: 4, epochs: 2, batch_size: 256}"
+
+
+@pytest.fixture(scope="module")
+def usae_run(tmp_path_factory) -> Path:
+    """A second smoke run (other seed, an audit set) with the usae diagnostic every round."""
+    from fedmech_flwr.inprocess import run_in_process
+
+    torch.set_num_threads(1)
+    cfg = smoke_config([
+        "seed=1", "data.audit_per_class=10",
+        f"diagnostics=[{{name: usae, layer: conv2, max_images: 100, usae: {TINY_YAML}}}]",
+    ])
+    return run_in_process(cfg, tmp_path_factory.mktemp("usae-run"))
+
+
+def test_usae_is_a_registered_subcommand():
+    assert "usae" in build_parser()._subparsers._group_actions[0].choices
+
+
+def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
+    out = tmp_path / "usae"
+    assert main(["usae", str(smoke_run), f"{usae_run}@1", "--layer", "conv2", "--out", str(out), *TINY]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert Path(printed[-1]) == out.resolve()
+    for name in ("usae.safetensors", "metrics.json", "config.json", "plots/usae_r2.png",
+                 "plots/usae_activity.png", "plots/usae_stitching.png"):
+        assert (out / name).is_file(), name
+    assert (out / "plots" / "usae_r2.png").read_bytes()[:4] == b"\x89PNG"
+    metrics = json.loads((out / "metrics.json").read_text())
+    r2 = np.array(metrics["r2"])
+    assert r2.shape == (2, 2) and np.isfinite(r2).all()
+    assert metrics["models"] == [smoke_run.name, f"{usae_run.name}@1"]
+    for key in ("fires_once", "thresholded"):
+        o = metrics["overlap"][key]
+        assert o["shared"] + sum(o["unique"].values()) <= o["alive"] <= metrics["dict_size"] == 16
+        assert 0.0 <= o["overlap"] <= 1.0
+    assert metrics["overlap"]["thresholded"]["threshold"] == 0.01
+    assert len(metrics["stitching"]) == 2 * 2 * 3  # (i -> j incl. i -> i) x {all, shared, unique}
+    row = metrics["stitching"][0]
+    assert 0.0 <= row["accuracy"] <= 1.0 and set(row) >= {"percent_of_own", "own_accuracy", "concepts_kept"}
+    # the first source has no audit set: the first training images, flagged as seen in training
+    assert metrics["data"]["split"] == "train_head" and "trained on" in metrics["data"]["note"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["usae"]["k"] == 4 and config["layer"] == "conv2" and config["data"]["split"] == "train_head"
+    assert [s["spec"] for s in config["sources"]] == [str(smoke_run), f"{usae_run}@1"]
+    assert config["sources"][1]["weights"].endswith("checkpoints/round_001.safetensors")
+
+
+def test_audit_split_and_test_split_are_recorded(smoke_run, usae_run, tmp_path):
+    out = tmp_path / "audit"
+    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out), *TINY]) == 0
+    data = json.loads((out / "metrics.json").read_text())["data"]
+    assert data["split"] == "audit" and data["num_images"] == 40
+    assert f"NOT held out from {smoke_run.name}" in data["note"]
+    out = tmp_path / "test"
+    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out),
+                 "--split", "test", "--max-images", "30", *TINY]) == 0
+    data = json.loads((out / "metrics.json").read_text())["data"]
+    assert data == {"split": "test", "note": "the test set (the paper's choice)", "num_images": 30}
+
+
+def test_two_identical_sources_give_a_symmetric_r2_matrix(smoke_run, tmp_path):
+    out = tmp_path / "same"
+    config = smoke_run / "config.yaml"
+    weights = smoke_run / "model_final.safetensors"
+    assert main(["usae", str(smoke_run), f"{config}:{weights}", "--layer", "conv2", "--out", str(out),
+                 "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    r2 = np.array(metrics["r2"])
+    assert np.abs(r2 - r2.T).max() < 0.05
+    assert np.abs(r2 - r2.mean()).max() < 0.05  # cross = self: the models are one model
+    assert metrics["overlap"]["fires_once"]["overlap"] == 1.0
+
+
+def test_missing_layer_exits_2_naming_the_valid_layers(smoke_run, usae_run, tmp_path, capsys):
+    assert main(["usae", str(smoke_run), str(usae_run), "--layer", "conv9", "--out", str(tmp_path / "x"),
+                 *TINY]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "model 0 has no gated layer 'conv9'; its gated layers are: conv1, conv2" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_k_larger_than_the_dictionary_exits_2(smoke_run, usae_run, tmp_path, capsys):
+    assert main(["usae", str(smoke_run), str(usae_run), "--layer", "conv2", "--out", str(tmp_path / "x"),
+                 "--set", "expansion=2", "--set", "k=100"]) == EXIT_BAD_INPUT
+    assert "k=100 exceeds the dictionary size 16" in capsys.readouterr().err
+
+
+def test_no_images_other_datasets_and_bad_sources_exit_2(smoke_run, usae_run, tmp_path, capsys):
+    args = ["--layer", "conv2", "--out", str(tmp_path / "x"), *TINY]
+    assert main(["usae", str(smoke_run), str(usae_run), "--max-images", "0", *args]) == EXIT_BAD_INPUT
+    assert "--max-images must be >= 1" in capsys.readouterr().err
+    other = yaml.safe_load((smoke_run / "config.yaml").read_text())
+    other["data"]["dataset"]["num_train"] = 200
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    other_source = f"{tmp_path / 'other.yaml'}:{smoke_run / 'model_final.safetensors'}"
+    assert main(["usae", str(smoke_run), other_source, *args]) == EXIT_BAD_INPUT
+    assert "all sources must share the dataset" in capsys.readouterr().err
+    assert main(["usae", str(smoke_run), f"{smoke_run}@7", *args]) == EXIT_BAD_INPUT
+    assert "round_007.safetensors" in capsys.readouterr().err
+    assert main(["usae", str(smoke_run), *args]) == EXIT_BAD_INPUT
+    assert "at least 2 sources" in capsys.readouterr().err
+
+
+def test_per_round_diagnostic_records_metrics_every_round(usae_run):
+    records = [r for r in read_records(usae_run, "diagnostic") if r["name"] == "usae"]
+    assert [r["round"] for r in records] == [1, 2]
+    for rec in records:
+        assert rec["models"] == ["global", "client 0", "client 1", "client 2"]
+        assert np.array(rec["r2"]).shape == (4, 4)
+        assert rec["data"] == {"split": "audit", "num_images": 40}
+        assert set(rec["overlap"]) == {"fires_once", "thresholded"}
+        assert len(rec["stitching"]) == 4 * 4 * 3
+        assert "activity" not in rec
+        arrays = load_arrays(usae_run / "diagnostics" / "usae" / f"round_{rec['round']:03d}.safetensors")
+        assert arrays["activity"].shape == (4, 16) and arrays["usae/sites.0.decoder"].shape == (16, 8)
+    assert (usae_run / "plots" / "usae_overlap.png").is_file()
+    assert (usae_run / "plots" / "usae_r2.png").is_file()
+
+
+def test_diagnostic_against_a_reference_model(smoke_run, usae_run):
+    from diagnostics.usae.diagnostic import Usae, UsaeDiagnosticConfig
+    from fedmech_flwr.arrays import load_model_arrays
+    from fedmech_flwr.experiment import load_data, new_model
+    from fedmech_flwr.hooks import RoundState
+    from fedmech_flwr.typed import parse_dataclass
+
+    cfg = smoke_config()
+    bundle = load_data(cfg)
+
+    def build(arrays):
+        model = new_model(cfg, bundle)
+        load_model_arrays(model, arrays)
+        return model.eval()
+
+    params = parse_dataclass(UsaeDiagnosticConfig, {"layer": "conv1", "compare": "reference",
+                                                    "reference": str(smoke_run), "max_images": 50,
+                                                    "usae": yaml.safe_load(TINY_YAML)}, "test")
+    arrays = load_arrays(usae_run / "model_final.safetensors")
+    state = RoundState(3, arrays, arrays, {}, {"test": (bundle.x_test, bundle.y_test)}, 4, build, torch.device("cpu"))
+    result = Usae(params).server_side(state)
+    assert result.metrics["models"] == ["global", f"reference {smoke_run.name}"]
+    assert result.metrics["data"] == {"split": "test", "num_images": 50}
+    assert np.array(result.metrics["r2"]).shape == (2, 2)
+
+
+def test_analyse_streams_tokens_past_the_memory_limit(smoke_run, usae_run):
+    from diagnostics.usae.analysis import analyse
+    from diagnostics.usae.model import USAEConfig
+    from diagnostics.usae.sources import load_source_model, parse_source
+    from fedmech_flwr.experiment import load_data
+
+    models = [load_source_model(parse_source(str(run))) for run in (smoke_run, usae_run)]
+    bundle = load_data(smoke_config())
+    cfg = USAEConfig(expansion=2, k=4, epochs=1, batch_size=256)
+    _, metrics = analyse(models, ["a", "b"], "conv2", bundle.x_test[:40], bundle.y_test[:40], cfg,
+                         memory_limit_bytes=0)
+    assert metrics["token_source"] == "streaming" and metrics["num_tokens"] == 40 * 6 * 6
+    assert np.array(metrics["r2"]).shape == (2, 2) and set(metrics["l0"]) == {"a", "b"}
