@@ -111,3 +111,25 @@ def messages(flower_identity):
         out = staticmethod(outgoing)
 
     return _Messages
+
+
+@pytest.fixture(scope="module")
+def trained_cnn():
+    """SimpleCNN [4, 8] trained briefly on a 4-class synthetic 8x8 set, and that set
+    (built once per test module, so one module's changes never reach another)."""
+    import torch.nn.functional as F
+
+    from fedmech_flwr.data import SyntheticConfig, load_dataset
+    from fedmech_flwr.models import build_model
+
+    torch.manual_seed(0)
+    data = load_dataset("synthetic", SyntheticConfig(num_train=160, num_test=80, num_classes=4, image_size=8))
+    model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(40):
+        batch = slice(32 * (step % 5), 32 * (step % 5 + 1))
+        optimizer.zero_grad()
+        F.cross_entropy(model(data.x_train[batch]), data.y_train[batch]).backward()
+        optimizer.step()
+    optimizer.zero_grad()
+    return model.eval(), data

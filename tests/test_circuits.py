@@ -22,7 +22,6 @@ from diagnostics.circuits.metrics import (
     pack_masks,
     unpack_masks,
 )
-from fedmech_flwr.data import SyntheticConfig, load_dataset
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel, build_model
 
@@ -59,22 +58,6 @@ def one_hot_data(n: int = 60, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     y = torch.arange(n) % 3
     x = F.one_hot(y, 3).float()[:, :, None, None].expand(-1, -1, 4, 4)
     return x + 0.1 * torch.randn(n, 3, 4, 4, generator=g), y
-
-
-@pytest.fixture(scope="module")
-def trained_cnn():
-    """SimpleCNN [4, 8] trained briefly on a 4-class synthetic set, and that set."""
-    torch.manual_seed(0)
-    data = load_dataset("synthetic", SyntheticConfig(num_train=160, num_test=80, num_classes=4, image_size=8))
-    model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(40):
-        batch = slice(32 * (step % 5), 32 * (step % 5 + 1))
-        optimizer.zero_grad()
-        F.cross_entropy(model(data.x_train[batch]), data.y_train[batch]).backward()
-        optimizer.step()
-    optimizer.zero_grad()
-    return model, data
 
 
 def state_hash(model: nn.Module) -> str:

@@ -61,20 +61,6 @@ def data():
     return load_dataset("synthetic", SyntheticConfig(num_train=160, num_test=80, num_classes=4, image_size=8))
 
 
-@pytest.fixture(scope="module")
-def trained_cnn(data):
-    """SimpleCNN [4, 8] trained briefly on the 4-class synthetic set."""
-    torch.manual_seed(0)
-    model = tiny_cnn([4, 8])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(40):
-        batch = slice(32 * (step % 5), 32 * (step % 5 + 1))
-        optimizer.zero_grad()
-        F.cross_entropy(model(data.x_train[batch]), data.y_train[batch]).backward()
-        optimizer.step()
-    return model.eval()
-
-
 # --- model --------------------------------------------------------------------------------
 
 
@@ -240,7 +226,8 @@ def test_l0_dead_fraction_and_concept_counts():
         concept_mask("shard", 0, activity)
 
 
-def test_finish_from_layer_with_the_true_tokens_is_the_model(trained_cnn, data):
+def test_finish_from_layer_with_the_true_tokens_is_the_model(trained_cnn):
+    trained_cnn, data = trained_cnn
     x = data.x_test[:6]
     tokens = collect_tokens([trained_cnn], "conv2", x)[0]
     finish = finish_from_layer(trained_cnn, "conv2", x)
@@ -250,7 +237,8 @@ def test_finish_from_layer_with_the_true_tokens_is_the_model(trained_cnn, data):
     assert all(not m._forward_hooks for m in trained_cnn.modules())
 
 
-def test_stitching_identical_models_keeps_the_models_accuracy(trained_cnn, data):
+def test_stitching_identical_models_keeps_the_models_accuracy(trained_cnn):
+    trained_cnn, data = trained_cnn
     models = [trained_cnn, copy.deepcopy(trained_cnn)]
     tokens = collect_tokens(models, "conv2", data.x_train)
     cfg = USAEConfig(dict_size=32, k=8, epochs=15, batch_size=256, lr=1e-2)
