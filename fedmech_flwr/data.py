@@ -24,8 +24,15 @@ from fedmech_flwr.registry import Registry
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-"""The repository holding ``fedmech_flwr/``; shared data lives in ``../shared``."""
+
+def repo_root() -> Path:
+    """The checkout a run was started from; shared data lives in ``../shared`` beside it.
+
+    ``$FEDMECH_PROJECT_DIR`` when set (``fedmech run`` sets it: Flower runs the app from an
+    unpacked copy elsewhere), else the folder holding ``fedmech_flwr/``.
+    """
+    return Path(os.environ.get("FEDMECH_PROJECT_DIR") or Path(__file__).resolve().parents[1])
+
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 """Where Debian's ``dataset-fashion-mnist`` package installs the idx files."""
@@ -247,7 +254,7 @@ def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
         env = os.environ.get("FEDMECH_CIFAR10_NPZ")
         candidates = [Path(env)] if env else []
         candidates += [
-            REPO_ROOT.parent / "shared" / "data" / "cifar10" / "cifar10.npz",
+            repo_root().parent / "shared" / "data" / "cifar10" / "cifar10.npz",
             data_home() / "cifar-10-batches-py",
         ]
     candidates = [p.expanduser().resolve() for p in candidates]

@@ -109,7 +109,8 @@ def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
         )
-        env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray")}
+        env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray"),
+               "FEDMECH_PROJECT_DIR": str(APP_DIR)}
         # The SuperLink starts flower-superexec and flwr-simulation by name.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("UV_CACHE_DIR", str(home / "uv"))

@@ -13,7 +13,7 @@ import torch
 from fedmech_flwr.data import (
     DEBIAN_FASHION_MNIST,
     IDX_FILES,
-    REPO_ROOT,
+    repo_root,
     CIFAR10Config,
     FashionMNISTConfig,
     MNISTConfig,
@@ -25,7 +25,7 @@ from fedmech_flwr.data import (
 )
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 
-SHARED_CIFAR = REPO_ROOT.parent / "shared" / "data" / "cifar10" / "cifar10.npz"
+SHARED_CIFAR = repo_root().parent / "shared" / "data" / "cifar10" / "cifar10.npz"
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
