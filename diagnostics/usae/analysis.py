@@ -20,7 +20,13 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from diagnostics.usae.activations import InMemorySource, StreamingSource, check_layer, collect_tokens
-from diagnostics.usae.metrics import concept_activity, finish_from_layer, shared_unique, stitch_accuracy
+from diagnostics.usae.metrics import (
+    R2Accumulator,
+    concept_activity,
+    finish_from_layer,
+    shared_unique,
+    stitch_accuracy,
+)
 from diagnostics.usae.model import USAE, USAEConfig
 from diagnostics.usae.train import train_usae
 from fedmech_flwr.errors import ConfigError
@@ -107,28 +113,15 @@ def analyse(
     chunks = [(x[s : s + METRICS_CHUNK_IMAGES], y[s : s + METRICS_CHUNK_IMAGES])
               for s in range(0, len(x), METRICS_CHUNK_IMAGES)]
     # pass 1: R^2 (residual and total sums of squares over all tokens) and firing counts
-    sse = np.zeros((m, m))
-    sums = [torch.zeros(w, dtype=torch.float64) for w in widths]
-    squares = [torch.zeros(w, dtype=torch.float64) for w in widths]
+    r2_acc = R2Accumulator(widths)
     fired = np.zeros((m, usae.dict_size))
-    count = 0
-    udev = next(usae.parameters()).device
     with torch.no_grad():
         for xc, _ in chunks:
             tokens = collect_tokens(models, layer, xc)
-            count += len(tokens[0])
-            for i in range(m):
-                t = tokens[i].double()
-                sums[i] += t.sum(0)
-                squares[i] += t.square().sum(0)
-                codes = usae.encode(i, tokens[i].to(udev))
-                for j in range(m):
-                    diff = tokens[j].double() - usae.decode(j, codes).cpu().double()
-                    sse[i, j] += float(diff.square().sum())
+            r2_acc.add(usae, tokens)
             fired += concept_activity(usae, tokens) * len(tokens[0])
-    total = np.array([float((q - s.square() / count).sum()) for s, q in zip(sums, squares)])
-    r2 = 1.0 - sse / total[None, :]
-    activity = fired / count
+    r2 = r2_acc.result()
+    activity = fired / r2_acc.count
 
     # pass 2: stitching i -> j for concept sets all / shared / unique-to-i
     stitches: dict[tuple[int, int, str], Any] = {}
@@ -165,7 +158,7 @@ def analyse(
         "dict_size": usae.dict_size,
         "k": usae.k,
         "num_images": len(x),
-        "num_tokens": count,
+        "num_tokens": r2_acc.count,
         "token_source": source_kind,
         "r2": [[_finite(v) for v in row] for row in r2],
         "r2_self_mean": _finite(float(np.mean(np.diag(r2)))),

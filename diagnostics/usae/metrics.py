@@ -42,19 +42,40 @@ def _device(usae: USAE) -> torch.device:
     return next(usae.parameters()).device
 
 
-@torch.no_grad()
+class R2Accumulator:
+    """``r2_matrix`` streamed over chunks of aligned tokens (sums in float64), so the
+    matrix of a token set too large for memory is the same number."""
+
+    def __init__(self, widths: Sequence[int]) -> None:
+        m = len(widths)
+        self.sse = np.zeros((m, m))
+        self.sums = [torch.zeros(w, dtype=torch.float64) for w in widths]
+        self.squares = [torch.zeros(w, dtype=torch.float64) for w in widths]
+        self.count = 0
+
+    @torch.no_grad()
+    def add(self, usae: USAE, tokens: Sequence[Tensor]) -> None:
+        device = _device(usae)
+        self.count += len(tokens[0])
+        for i, t in enumerate(tokens):
+            self.sums[i] += t.double().sum(0)
+            self.squares[i] += t.double().square().sum(0)
+            codes = usae.encode(i, t.to(device))
+            for j, target in enumerate(tokens):
+                self.sse[i, j] += _residual_ss(target, usae.decode(j, codes).cpu())
+
+    def result(self) -> np.ndarray:
+        total = np.array([float((q - s.square() / self.count).sum()) for s, q in zip(self.sums, self.squares)])
+        return 1.0 - self.sse / total[None, :]
+
+
 def r2_matrix(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
     """[M, M]: entry (i, j) is ``explained_variance`` of model j's tokens reconstructed
     (in its original space) from model i's codes."""
-    m, device = usae.num_models, _device(usae)
-    sse = np.zeros((m, m))
+    acc = R2Accumulator([t.shape[1] for t in tokens])
     for start in range(0, len(tokens[0]), batch_size):
-        chunk = [t[start : start + batch_size] for t in tokens]
-        for i in range(m):
-            codes = usae.encode(i, chunk[i].to(device))
-            for j in range(m):
-                sse[i, j] += _residual_ss(chunk[j], usae.decode(j, codes).cpu())
-    return 1.0 - sse / np.array([_total_ss(t) for t in tokens])[None, :]
+        acc.add(usae, [t[start : start + batch_size] for t in tokens])
+    return acc.result()
 
 
 def l0(codes: Tensor) -> float:
