@@ -32,7 +32,7 @@ from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
 from fedmech_flwr.config import ExperimentConfig, experiment_from_json
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
-from fedmech_flwr.hooks import DIAGNOSTICS, ClientContext, GlobalContext, encode_results
+from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.protocol import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY
 from fedmech_flwr.training import resolve_device
 
@@ -107,7 +107,7 @@ def train(msg: Message, context: Context) -> Message:
     ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device)
     results = {}
     for spec in cfg.diagnostics:
-        if spec.due(server_round) and (out := DIAGNOSTICS.get(spec.name).factory(spec.params).client_side(ctx)):
+        if spec.due(server_round) and (out := spec.build().client_side(ctx)):
             results[spec.name] = out
     content = RecordDict({
         "arrays": to_record(dict(zip(model.state_dict(), new_params))),
@@ -124,7 +124,7 @@ def diagnose(msg: Message, context: Context) -> Message:
     ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device)
     results = {}
     for spec in cfg.diagnostics:
-        diagnostic = DIAGNOSTICS.get(spec.name).factory(spec.params)
+        diagnostic = spec.build()
         if spec.due(server_round) and diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
             results[spec.name] = out
     report = ConfigRecord({"partition-id": pid, **encode_results(results)})

@@ -81,6 +81,10 @@ class DiagnosticSpec:
     def due(self, server_round: int) -> bool:
         return server_round % self.every == 0
 
+    def build(self) -> Any:
+        """A fresh instance of the registered diagnostic, with these parameters."""
+        return _registry("diagnostic").get(self.name).factory(self.params)
+
     def to_plain(self) -> dict[str, Any]:
         return {"name": self.name, "every": self.every, **to_plain(self.params)}
 

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import audit_indices, client_partitions, load_data, new_model
-from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
+from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.protocol import CONFIG_KEY, RoundProtocol, discover_partitions
@@ -52,7 +52,7 @@ def run_experiment(
     model = new_model(cfg, bundle, device)
     initial = model_arrays(model)
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params)
-    diagnostics = [(spec, DIAGNOSTICS.get(spec.name).factory(spec.params)) for spec in cfg.diagnostics]
+    diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
     partitions = discover_partitions(grid, cfg.federation.num_clients, cfg.federation.round_timeout_s)
 
     folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)

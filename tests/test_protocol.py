@@ -173,19 +173,18 @@ def test_discover_partitions_maps_partition_to_node():
     assert discover_partitions(grid, 3, timeout=5) == {0: 1000, 1: 1001, 2: 1002}
 
 
-def test_discover_too_many_nodes():
-    grid = InProcessGrid(client_app, 4)
+@pytest.mark.parametrize(
+    "nodes, timeout, message",
+    [
+        (4, 5, "4 SuperNodes are connected but federation.num_clients is 3"),  # too many
+        (2, 1, "only 2 of 3 SuperNodes connected within 1s"),  # too few: times out
+    ],
+)
+def test_discover_wrong_node_count(nodes, timeout, message):
+    grid = InProcessGrid(client_app, nodes)
     with pytest.raises(ClientFailure) as info:
-        discover_partitions(grid, 3, timeout=5)
-    assert "4 SuperNodes are connected but federation.num_clients is 3" in str(info.value)
-    assert "num-supernodes=3" in str(info.value)
-
-
-def test_discover_too_few_nodes_times_out():
-    grid = InProcessGrid(client_app, 2)
-    with pytest.raises(ClientFailure) as info:
-        discover_partitions(grid, 3, timeout=1)
-    assert "only 2 of 3 SuperNodes connected within 1s" in str(info.value)
+        discover_partitions(grid, 3, timeout=timeout)
+    assert message in str(info.value)
     assert "num-supernodes=3" in str(info.value)
 
 
