@@ -1,7 +1,8 @@
 """Client plug-ins: ``fedmech_flwr.client.FedMechClient`` subclasses (Flower NumPyClients).
 
 How to add one: subclass ``FedMechClient``, override ``loss`` (or ``fit``), register it
-with ``@CLIENTS.register("name", ConfigCls)`` and import the module here.
+with ``@CLIENTS.register("name", ConfigCls)`` (``pairs_with=`` when it only works with
+certain strategies) and import the module here.
 """
 
-from clients import plain  # noqa: F401
+from clients import fedbabu, fedlc, plain, proximal  # noqa: F401

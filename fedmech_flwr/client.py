@@ -41,7 +41,8 @@ class FedMechClient(NumPyClient):
 
     The registered class is built as ``cls(params, model=..., data=..., train=...,
     pruning=..., seed=..., partition_id=...)`` where ``params`` is the plug-in's own
-    validated config. ``fit`` expects ``config["server-round"]``.
+    validated config. ``fit`` gets the strategy's train config (e.g. FedProx's
+    ``proximal-mu``) and always ``config["server-round"]``.
     """
 
     def __init__(

@@ -15,6 +15,10 @@ client's ``fit``, runs the due client-side diagnostics, and replies with:
 ``query.diagnose`` messages (sent by the round protocol after aggregation) carry the new
 aggregate; the ClientApp runs the due diagnostics' ``client_side_global`` on it with the
 client's data and replies with a ``report``.
+
+``query.class_stats`` messages (sent by data-free realignment strategies) carry a model;
+the ClientApp replies with per-class statistics of its penultimate features on the
+client's whole shard (``stats``: counts, sums, second moments; no samples leave).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
 from fedmech_flwr.config import ExperimentConfig, experiment_from_json
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
+from fedmech_flwr.heads import class_stats, features
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.protocol import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY
+from fedmech_flwr.strategy import CLASS_STATS_ACTION
 from fedmech_flwr.training import resolve_device
 
 app = ClientApp()
@@ -100,7 +106,8 @@ def train(msg: Message, context: Context) -> Message:
     params = [global_arrays[k] for k in model.state_dict()]
     client.set_parameters(params)
     global_model = copy.deepcopy(model)
-    new_params, num_examples, client_metrics = client.fit(params, {"server-round": server_round})
+    fit_config = {k: v for k, v in msg.content["config"].items() if k != CONFIG_KEY}
+    new_params, num_examples, client_metrics = client.fit(params, {**fit_config, "server-round": server_round})
 
     numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}
@@ -129,3 +136,12 @@ def diagnose(msg: Message, context: Context) -> Message:
             results[spec.name] = out
     report = ConfigRecord({"partition-id": pid, **encode_results(results)})
     return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
+
+
+@app.query(CLASS_STATS_ACTION)
+def report_class_stats(msg: Message, context: Context) -> Message:
+    cfg, _, _, _, data, model = _setup(msg, context)
+    load_model_arrays(model, from_record(msg.content["arrays"]))
+    covariance = str(msg.content["config"]["covariance"])
+    stats = class_stats(features(model, data.x, batch_size=cfg.eval_batch_size), data.y, data.num_classes, covariance)
+    return Message(RecordDict({"stats": to_record(stats.to_arrays())}), reply_to=msg)

@@ -197,6 +197,7 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
             f"min_replies ({fed.min_replies}) must be <= the clients sampled per round ({sampled})",
             f"{where}federation.min_replies",
         )
+    _check_pairing(cfg, where)
     root = cfg.output_root
     if not (Path(root).is_absolute() or root.startswith("~")):
         raise ConfigError(
@@ -205,6 +206,20 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
             "unexpected (use --out DIR or FEDMECH_OUT for a folder relative to you)",
             f"{where}output_root",
         )
+
+
+def _check_pairing(cfg: ExperimentConfig, where: str) -> None:
+    """A client or strategy that only works with certain partners (FedProx and its
+    proximal client, FedBABU and its frozen-head client) is never silently mismatched."""
+    names = {"client": cfg.client.name, "strategy": cfg.strategy.name}
+    for kind, partner in (("strategy", "client"), ("client", "strategy")):
+        allowed = _registry(kind).get(names[kind]).pairs_with
+        if allowed and names[partner] not in allowed:
+            raise ConfigError(
+                f"{kind} '{names[kind]}' needs {partner} {' or '.join(repr(a) for a in allowed)}, "
+                f"got '{names[partner]}'; set {partner}.name accordingly",
+                f"{where}{partner}.name",
+            )
 
 
 def parse_experiment(raw: Any, source: str) -> ExperimentConfig:

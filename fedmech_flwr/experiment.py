@@ -7,8 +7,13 @@ partitions are cached per process (Ray actors serve many clients); nothing per-c
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+
 import numpy as np
 import torch
+
+from fedmech_flwr.arrays import NamedArrays, load_model_arrays
 
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DatasetBundle, load_dataset
@@ -45,6 +50,22 @@ def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle) -> np.ndarray:
     return np.sort(np.concatenate(picks)).astype(np.int64)
 
 
+def check_disjoint_from_test(audit_x: torch.Tensor, test_x: torch.Tensor) -> None:
+    """The audit set must share no image with the test set (byte-identical images are
+    found by hash), or every number the server measures on it leaks the test set."""
+    if not len(audit_x):
+        return
+    digest = lambda x: {hashlib.sha1(row.tobytes()).hexdigest() for row in x.cpu().numpy()}  # noqa: E731
+    shared = len(digest(audit_x) & digest(test_x))
+    if shared:
+        raise ConfigError(
+            f"the audit set shares {shared} image(s) with the test set; the dataset's training "
+            "split contains test images. Remove them from the training data, or set "
+            "data.audit_per_class=0 to run without an audit set",
+            "data.audit_per_class",
+        )
+
+
 def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle) -> list[np.ndarray]:
     """Training-set indices of every client (deterministic in the config and seed); the
     audit set, if any, is held out before partitioning."""
@@ -69,3 +90,14 @@ def new_model(cfg: ExperimentConfig, bundle: DatasetBundle, device: torch.device
         image_size=bundle.image_size,
     )
     return model.to(device)
+
+
+def model_builder(cfg: ExperimentConfig, bundle: DatasetBundle, device: torch.device) -> Callable[[NamedArrays], FedMechModel]:
+    """``build(arrays)``: a fresh model of this experiment holding ``arrays``, in eval mode."""
+
+    def build(arrays: NamedArrays) -> FedMechModel:
+        model = new_model(cfg, bundle, device)
+        load_model_arrays(model, arrays)
+        return model.eval()
+
+    return build

@@ -70,6 +70,8 @@ class RoundState:
     build_model: Callable[[NamedArrays], FedMechModel]
     """A fresh model (eval mode, on the run's device) holding the given arrays."""
     device: torch.device
+    seed: int
+    """The experiment's seed (derive every random choice from it and the round)."""
 
 
 @dataclass
@@ -119,6 +121,10 @@ class Diagnostic:
 
     def __init__(self, params: Any) -> None:
         self.params = params
+
+    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
+        """Optional: fail with a ConfigError, before the run starts, when the parameters
+        cannot work with this data (``where`` is the config key to name)."""
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any] | None:
         """Optional work on a client's own data after local training; a small dict."""

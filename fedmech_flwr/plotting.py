@@ -39,17 +39,20 @@ def line_plot(
     return path
 
 
-def heatmap(matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path) -> Path:
+def heatmap(
+    matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path,
+    vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis",
+) -> Path:
     fig = Figure(figsize=(max(6.0, 0.45 * len(rounds) + 3), 0.38 * len(row_labels) + 1.8), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    im = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_xticks(range(len(rounds)), [str(r) for r in rounds])
     ax.set_yticks(range(len(row_labels)), row_labels)
     ax.set(title=title, xlabel="round")
     if matrix.size <= 400:
         for (i, j), v in np.ndenumerate(matrix):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if (v - vmin) / (vmax - vmin) < 0.6 else "black")
     fig.colorbar(im, ax=ax, shrink=0.8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -24,6 +24,9 @@ class Entry(Generic[F]):
     name: str
     factory: F
     config_cls: type
+    pairs_with: tuple[str, ...] = ()
+    """Names in the partner registry this entry only works with (a strategy's clients,
+    a client's strategies); empty: any. Checked when an experiment is validated."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class Registry(Generic[F]):
         self.kind = kind
         self._entries: dict[str, Entry[F]] = {}
 
-    def register(self, name: str, config_cls: type | None = None) -> Callable[[F], F]:
+    def register(self, name: str, config_cls: type | None = None, pairs_with: tuple[str, ...] = ()) -> Callable[[F], F]:
         """Decorator: register ``factory`` under ``name`` with its config dataclass."""
 
         def decorator(factory: F) -> F:
@@ -47,7 +50,7 @@ class Registry(Generic[F]):
                     f"{self.kind} '{name}' is already registered "
                     f"(by {self._entries[name].factory!r}); pick another name"
                 )
-            self._entries[name] = Entry(name, factory, config_cls or _NoParams)
+            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with)
             return factory
 
         return decorator

@@ -18,14 +18,21 @@ from flwr.serverapp import Grid
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.experiment import audit_indices, client_partitions, load_data, new_model
+from fedmech_flwr.experiment import (
+    audit_indices,
+    check_disjoint_from_test,
+    client_partitions,
+    load_data,
+    model_builder,
+    new_model,
+)
 from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.protocol import CONFIG_KEY, RoundProtocol, discover_partitions
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.run_folder import RunFolder
-from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.training import evaluate, resolve_device
 
 log = logging.getLogger(__name__)
@@ -49,10 +56,18 @@ def run_experiment(
     bundle = load_data(cfg)
     parts = client_partitions(cfg, bundle)
     audit = torch.from_numpy(audit_indices(cfg, bundle))
+    check_disjoint_from_test(bundle.x_train[audit], bundle.x_test)
     model = new_model(cfg, bundle, device)
     initial = model_arrays(model)
-    strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params)
+    audit_set = (bundle.x_train[audit].to(device), bundle.y_train[audit].to(device)) if len(audit) else None
+    context = StrategyContext(
+        bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s, initial,
+        model_builder(cfg, bundle, device), device, audit_set,
+    )
+    strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
     diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
+    for i, (_, diagnostic) in enumerate(diagnostics):
+        diagnostic.check(bundle.num_classes, cfg.data.audit_per_class, f"diagnostics[{i}]")
     partitions = discover_partitions(grid, cfg.federation.num_clients, cfg.federation.round_timeout_s)
 
     folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)
@@ -63,8 +78,8 @@ def run_experiment(
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
         folder.write_partitions(parts, hist, list(bundle.class_names), len(audit))
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
-        if len(audit):
-            datasets["audit"] = (bundle.x_train[audit].to(device), bundle.y_train[audit].to(device))
+        if audit_set is not None:
+            datasets["audit"] = audit_set
         _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, datasets, device)
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
@@ -83,13 +98,10 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
     fed = cfg.federation
     x_test, y_test = datasets["test"]
 
-    def build(arrays: NamedArrays):
-        m = new_model(cfg, bundle, device)
-        load_model_arrays(m, arrays)
-        return m.eval()
+    build = model_builder(cfg, bundle, device)
 
     def make_state(rnd: int, global_arrays: NamedArrays, previous: NamedArrays, clients: dict[int, ClientUpdate]) -> RoundState:
-        return RoundState(rnd, global_arrays, previous, clients, datasets, bundle.num_classes, build, device)
+        return RoundState(rnd, global_arrays, previous, clients, datasets, bundle.num_classes, build, device, cfg.seed)
 
     def reprune(arrays: NamedArrays) -> NamedArrays:
         m = build(arrays)

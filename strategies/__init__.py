@@ -1,10 +1,10 @@
 """Strategy plug-ins: Flower strategies registered in ``fedmech_flwr.strategy.STRATEGIES``.
 
 How to add one: subclass a Flower strategy, override one step (the way Flower's FedProx
-overrides ``configure_train``), write a factory ``f(params) -> Strategy`` that passes
+overrides ``configure_train``), write a factory ``f(params, ctx) -> Strategy`` that passes
 ``**OFFERED_NODES_ONLY``, register it with ``@STRATEGIES.register("name", ConfigCls)``
-and import the module here. Sampling, failure policy and diagnostics come from the round
-protocol that wraps every strategy.
+(``pairs_with=`` when it needs a particular client) and import the module here. Sampling,
+failure policy and diagnostics come from the round protocol that wraps every strategy.
 """
 
-from strategies import fedavg  # noqa: F401
+from strategies import fedavg, fedbabu, fedprox, realign  # noqa: F401

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedmech_flwr.arrays import from_record, to_record, weighted_mean
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 
 
 @dataclass
@@ -49,5 +49,5 @@ class WeightedFedAvg(FedAvg):
 
 
 @STRATEGIES.register("fedavg", FedAvgConfig)
-def fedavg(params: FedAvgConfig) -> WeightedFedAvg:
+def fedavg(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
     return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

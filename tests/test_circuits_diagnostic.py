@@ -48,7 +48,7 @@ def state(server_round: int, local: dict, glob: dict) -> RoundState:
         return model
 
     x = torch.zeros(30, 1, 12, 12)
-    return RoundState(server_round, arrays, arrays, clients, {"test": (x, torch.arange(30) % 3)}, 3, build, torch.device("cpu"))
+    return RoundState(server_round, arrays, arrays, clients, {"test": (x, torch.arange(30) % 3)}, 3, build, torch.device("cpu"), 0)
 
 
 def test_iou_bookkeeping_matches_hand_computed_values():

@@ -271,7 +271,7 @@ def round_state(cfg, clients: dict[int, NamedArrays], global_arrays, previous) -
 
     updates = {p: ClientUpdate(p, a, 10, {}) for p, a in clients.items()}
     return RoundState(1, global_arrays, previous, updates, {"test": (bundle.x_test, bundle.y_test)},
-                      bundle.num_classes, build, torch.device("cpu"))
+                      bundle.num_classes, build, torch.device("cpu"), 0)
 
 
 def perturbed(arrays: NamedArrays, seed: int, scale: float = 0.1) -> NamedArrays:

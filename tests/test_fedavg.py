@@ -88,11 +88,11 @@ def test_no_valid_replies_gives_none(messages):
 
 def test_registered_factory_trains_every_offered_node():
     assert "fedavg" in STRATEGIES
-    strategy = STRATEGIES.get("fedavg").factory(FedAvgConfig(weighting="uniform"))
+    strategy = STRATEGIES.get("fedavg").factory(FedAvgConfig(weighting="uniform"), None)
     assert isinstance(strategy, WeightedFedAvg) and strategy.weighting == "uniform"
     assert strategy.fraction_train == 1.0 and strategy.fraction_evaluate == 0.0
     assert strategy.min_train_nodes == 1 and strategy.min_available_nodes == 1
-    assert fedavg(FedAvgConfig()).weighting == "examples"
+    assert fedavg(FedAvgConfig(), None).weighting == "examples"
 
 
 # --- weighted_mean ----------------------------------------------------------------------

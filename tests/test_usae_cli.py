@@ -156,7 +156,7 @@ def test_diagnostic_against_a_reference_model(smoke_run, usae_run):
                                                     "reference": str(smoke_run), "max_images": 50,
                                                     "usae": yaml.safe_load(TINY_YAML)}, "test")
     arrays = load_arrays(usae_run / "model_final.safetensors")
-    state = RoundState(3, arrays, arrays, {}, {"test": (bundle.x_test, bundle.y_test)}, 4, build, torch.device("cpu"))
+    state = RoundState(3, arrays, arrays, {}, {"test": (bundle.x_test, bundle.y_test)}, 4, build, torch.device("cpu"), 0)
     result = Usae(params).server_side(state)
     assert result.metrics["models"] == ["global", f"reference {smoke_run.name}"]
     assert result.metrics["data"] == {"split": "test", "num_images": 50}

@@ -1,0 +1,263 @@
+"""The ``misalignment`` diagnostic: are the global model's features preserved while its head
+stops reading them? (arXiv 2512.23043, later version)
+
+Every due round it puts side by side, on the test set, overall and per class:
+
+- ``global``: the global model as it is (its own head);
+- ``probe``: a fresh linear classifier on the global model's frozen penultimate features
+  (standardised), trained on the audit set's training split, epoch selected on its
+  validation split: how much class information the features still carry;
+- ``realigned``: the global head finetuned alone on ``head_samples`` balanced samples of
+  the training split, epoch selected on the validation split;
+- ``realigned_test_selected``: the same finetuning with the epoch picked by test accuracy,
+  the paper's protocol, reported under this name so it is never mistaken for a held-out
+  number;
+- ``tau_norm``: the head with tau-normalised class weights (no data at all);
+- ``ncm`` / ``ccvr``: heads rebuilt from per-class statistics of the global model's
+  features that the clients compute on their own data (no server data; one
+  ``query.diagnose`` round trip);
+- gaps ``probe - global`` and ``realigned - global``, overall and per class.
+
+Optionally it also probes named gated layers (average-pooled) and every client's model.
+The server's labelled data is the audit set (``data.audit_per_class``, held out from every
+client), split per class into training and validation parts; never the test set. Features
+are computed once per round and shared by every head. Only copies are changed: the global
+weights are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors.numpy import load as load_bytes, save as save_bytes
+
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.heads import (
+    ClassStats,
+    Covariance,
+    LinearHead,
+    LinearTrainConfig,
+    Scores,
+    balanced_split,
+    best_epoch,
+    class_stats,
+    features,
+    ncm_head,
+    score,
+    tau_normalize,
+    train_linear,
+    virtual_features,
+)
+from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
+from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.plotting import heatmap, line_plot
+from fedmech_flwr.training import seed_everything
+
+log = logging.getLogger(__name__)
+
+CURVES = ("global", "probe", "realigned", "realigned_test_selected", "tau_norm", "ncm", "ccvr")
+
+
+@dataclass
+class MisalignmentConfig:
+    validation_fraction: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0})
+    """Share of each audit class that selects epochs; the rest is the training split."""
+    probe: LinearTrainConfig = field(
+        default_factory=lambda: LinearTrainConfig(epochs=30, batch_size=64, lr=1e-3, weight_decay=1e-4)
+    )
+    """How the linear probe is trained (from zero weights, on standardised features)."""
+    probe_layers: list[str] = field(default_factory=list)
+    """Gated layers to probe as well (average-pooled), e.g. [conv2]."""
+    probe_clients: bool = False
+    """Also probe every client's trained model (and score its own head)."""
+    head_samples: int = field(default=200, metadata={"ge": 1})
+    """Balanced samples the head is finetuned on (head_samples / classes per class)."""
+    head: LinearTrainConfig = field(default_factory=LinearTrainConfig)
+    """Head finetuning; the paper's recipe by default (AdamW 1e-3, wd 5e-4, cosine, 5
+    epochs, batch 16)."""
+    tau: float | None = field(default=1.0, metadata={"ge": 0.0})
+    """tau of the tau-normalised head; null skips it."""
+    client_stats: list[Literal["ncm", "ccvr"]] = field(default_factory=list)
+    """Data-free heads from the clients' feature statistics of the global model."""
+    ccvr_covariance: Covariance = "diagonal"
+    ccvr_virtual_per_class: int = field(default=1000, metadata={"ge": 1})
+    ccvr_train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=5, batch_size=128))
+
+
+@dataclass
+class _Splits:
+    """Audit training/validation splits and the balanced head set, as indices."""
+
+    train: torch.Tensor
+    validation: torch.Tensor
+    head: torch.Tensor
+
+
+@DIAGNOSTICS.register("misalignment", MisalignmentConfig)
+class Misalignment(Diagnostic):
+    """Global head vs linear probe vs realigned head, every due round."""
+
+    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
+        p = self.params
+        if audit_per_class == 0:
+            raise ConfigError(
+                "misalignment trains probes and heads on the server's audit set, but the experiment "
+                "has none; set data.audit_per_class (e.g. 100)",
+                where,
+            )
+        if p.head_samples < num_classes:
+            raise ConfigError(
+                f"head_samples ({p.head_samples}) must be at least the number of classes ({num_classes}): "
+                "the head set is balanced, head_samples / classes per class",
+                f"{where}.head_samples",
+            )
+        val = self._val_per_class(audit_per_class)
+        head = p.head_samples // num_classes
+        if val < 1 or head > audit_per_class - val:
+            raise ConfigError(
+                f"the audit set has {audit_per_class} per class: {val} validate and {audit_per_class - val} "
+                f"train, but the head set needs {head} per class; raise data.audit_per_class or lower "
+                "head_samples / validation_fraction",
+                f"{where}.head_samples",
+            )
+
+    def _val_per_class(self, audit_per_class: int) -> int:
+        return int(round(self.params.validation_fraction * audit_per_class))
+
+    def _splits(self, y: torch.Tensor, num_classes: int, seed: int) -> _Splits:
+        generator = seed_everything(seed, 4242)
+        val, train = balanced_split(y, self._val_per_class(len(y) // num_classes), num_classes, generator)
+        head, _ = balanced_split(y[train], self.params.head_samples // num_classes, num_classes, generator)
+        return _Splits(train, val, train[head])
+
+    def needs_global_pass(self) -> bool:
+        return bool(self.params.client_stats)
+
+    def client_side_global(self, ctx: GlobalContext) -> dict[str, Any]:
+        covariance = self.params.ccvr_covariance if "ccvr" in self.params.client_stats else "diagonal"
+        stats = class_stats(features(ctx.global_model, ctx.x), ctx.y, ctx.num_classes, covariance)
+        return {"class_stats": save_bytes(stats.to_arrays())}
+
+    def server_side(self, state: RoundState) -> DiagnosticResult:
+        if "audit" not in state.datasets:
+            raise ConfigError("misalignment needs the audit set; set data.audit_per_class", "data.audit_per_class")
+        p, n = self.params, state.num_classes
+        x_audit, y_audit = state.datasets["audit"]
+        x_test, y_test = state.datasets["test"]
+        splits = self._splits(y_audit, n, state.seed)
+        seed = (state.seed, state.server_round)
+        model = state.build_model(state.global_arrays)
+        f_audit, f_test = features(model, x_audit), features(model, x_test)
+        own = LinearHead.of(model)
+        results: dict[str, Any] = {"global": _scores(score(own, f_test, y_test, n))}
+        results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed)
+
+        def head_data(idx):
+            return f_audit[idx], y_audit[idx]
+
+        snapshots = train_linear(*head_data(splits.head), own, p.head, seed_everything(*seed, 2))[1:]
+        chosen = best_epoch(snapshots, *head_data(splits.validation), n)
+        results["realigned"] = {**_scores(score(snapshots[chosen], f_test, y_test, n)), "epoch": chosen + 1}
+        by_test = best_epoch(snapshots, f_test, y_test, n)
+        results["realigned_test_selected"] = {
+            **_scores(score(snapshots[by_test], f_test, y_test, n)),
+            "epoch": by_test + 1,
+            "note": "epoch selected on the test set (the paper's protocol); not a held-out number",
+        }
+        if p.tau is not None:
+            results["tau_norm"] = _scores(score(tau_normalize(own, p.tau), f_test, y_test, n))
+        if p.client_stats:
+            results.update(self._from_client_stats(state, own, f_test, y_test, seed))
+        results["gaps"] = {k: results[k]["accuracy"] - results["global"]["accuracy"] for k in ("probe", "realigned")}
+        results["per_class_gaps"] = {
+            k: _class_gap(results[k]["per_class"], results["global"]["per_class"]) for k in ("probe", "realigned")
+        }
+        for layer in p.probe_layers:
+            fa, ft = features(model, x_audit, layer), features(model, x_test, layer)
+            results.setdefault("layers", {})[layer] = self._probe(fa, y_audit, ft, y_test, splits, n, seed)
+        if p.probe_clients:
+            results["clients"] = {
+                str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, seed)
+                for pid, update in state.clients.items()
+            }
+        results["split"] = {"train": len(splits.train), "validation": len(splits.validation), "head": len(splits.head)}
+        log.info(
+            "round %d | global %.1f%% | probe %.1f%% (%+.1f) | realigned %.1f%% (%+.1f)",
+            state.server_round, 100 * results["global"]["accuracy"], 100 * results["probe"]["accuracy"],
+            100 * results["gaps"]["probe"], 100 * results["realigned"]["accuracy"], 100 * results["gaps"]["realigned"],
+        )
+        return DiagnosticResult(metrics=results)
+
+    def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
+        """A fresh linear classifier on standardised features, epoch selected on validation."""
+        f_train = f_audit[splits.train]
+        mean, std = f_train.mean(0), f_train.std(0).clamp_min(1e-6)
+        norm = lambda f: (f - mean) / std  # noqa: E731
+        zero = LinearHead(torch.zeros(n, f_audit.shape[1]), torch.zeros(n))
+        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe, seed_everything(*seed, 3))[1:]
+        f_val, y_val = norm(f_audit[splits.validation]), y_audit[splits.validation]
+        chosen = best_epoch(snapshots, f_val, y_val, n)
+        return {
+            **_scores(score(snapshots[chosen], norm(f_test), y_test, n)),
+            "validation_accuracy": score(snapshots[chosen], f_val, y_val, n).accuracy,
+            "epoch": chosen + 1,
+        }
+
+    def _client(self, model: FedMechModel, x_audit, y_audit, x_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
+        f_audit, f_test = features(model, x_audit), features(model, x_test)
+        return {
+            "own_head": _scores(score(LinearHead.of(model), f_test, y_test, n)),
+            "probe": self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed),
+        }
+
+    def _from_client_stats(self, state: RoundState, own: LinearHead, f_test, y_test, seed) -> dict[str, Any]:
+        parts = [
+            ClassStats.from_arrays(load_bytes(u.global_diagnostics["misalignment"]["class_stats"]))
+            for u in state.clients.values()
+            if "class_stats" in u.global_diagnostics.get("misalignment", {})
+        ]
+        if not parts:
+            log.warning("round %d: no client sent class statistics; ncm/ccvr skipped", state.server_round)
+            return {}
+        stats, n, out = ClassStats.sum(parts), state.num_classes, {}
+        if "ncm" in self.params.client_stats:
+            out["ncm"] = _scores(score(ncm_head(stats, own), f_test, y_test, n))
+        if "ccvr" in self.params.client_stats:
+            generator = seed_everything(*seed, 4)
+            f, y = virtual_features(stats, self.params.ccvr_virtual_per_class, generator)
+            head = train_linear(f.to(f_test.device), y.to(f_test.device), own, self.params.ccvr_train, generator)[-1]
+            out["ccvr"] = _scores(score(head, f_test, y_test, n))
+        for key in out:
+            out[key]["clients"] = len(parts)
+        return out
+
+    @classmethod
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+        if not records:
+            return []
+        lines = {
+            key.replace("_", " "): [(r["round"], r[key]["accuracy"]) for r in records if key in r]
+            for key in CURVES
+        }
+        out = [line_plot({k: v for k, v in lines.items() if v}, "Global head vs linear probe vs realigned head",
+                         "test accuracy", plots_dir / "misalignment_accuracy.png", (0.0, 1.0))]
+        rounds = [r["round"] for r in records]
+        for key in ("probe", "realigned"):
+            gaps = np.array([[np.nan if g is None else g for g in r["per_class_gaps"][key]] for r in records]).T
+            out.append(heatmap(gaps, rounds, [f"class {c}" for c in range(len(gaps))],
+                               f"Per-class gap: {key} - global (test recall)",
+                               plots_dir / f"misalignment_gap_{key}.png", vmin=-1.0, vmax=1.0, cmap="RdBu"))
+        return out
+
+
+def _scores(s: Scores) -> dict[str, Any]:
+    return {"accuracy": s.accuracy, "per_class": s.per_class_accuracy}
+
+
+def _class_gap(a: list[float | None], b: list[float | None]) -> list[float | None]:
+    return [None if x is None or y is None else x - y for x, y in zip(a, b)]

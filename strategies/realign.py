@@ -1,0 +1,206 @@
+"""FedAvg followed by a new head: the lesson of arXiv 2512.23043 turned into strategies.
+
+Under label skew the averaged body still separates the classes while the averaged head
+stops reading them. Each strategy here is Flower's FedAvg (fedmech's dtype-preserving
+average) that overrides one step, ``aggregate_train``: after averaging, on its schedule,
+it replaces the head of the aggregate; the next round starts from that model.
+
+- ``fedavg_head_realign``: finetune the head on a small balanced part of the server's
+  audit set (``data.audit_per_class``, held out from every client), epoch selected on the
+  rest of the audit set. Server data: the audit set. Client: any.
+- ``ncm``: the nearest-class-mean head from the clients' per-class feature means of the
+  new aggregate. Server data: none. Client: any (every ClientApp answers
+  ``query.class_stats``; one extra round trip per realignment).
+- ``ccvr``: Classifier Calibration with Virtual Representations (Luo et al. 2021,
+  arXiv:2106.05001): retrain the head on features sampled from class Gaussians built from
+  the clients' means and covariances. Server data: none. Client: any (as ``ncm``).
+- ``tau_norm``: tau-normalised class weights (Kang et al. 2020, arXiv:1910.09217), the
+  zero-cost control. Server data: none. Client: any. No round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from fedmech_flwr.arrays import from_record, model_arrays, to_record
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.heads import (
+    Covariance,
+    LinearHead,
+    LinearTrainConfig,
+    balanced_split,
+    best_epoch,
+    features,
+    ncm_head,
+    tau_normalize,
+    train_linear,
+    virtual_features,
+)
+from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, request_class_stats
+from fedmech_flwr.training import seed_everything
+from strategies.fedavg import WeightedFedAvg
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RealignConfig:
+    weighting: Literal["examples", "uniform"] = "examples"
+    """Client weights of the average (see ``fedavg``)."""
+    every: int | None = field(default=1, metadata={"ge": 1})
+    """Realign after every N-th aggregation and always after the final one; null: only
+    after the final round (the federated trajectory is then plain FedAvg's)."""
+
+
+class RealigningFedAvg(WeightedFedAvg):
+    """FedAvg, then ``realign`` replaces the aggregate's head in the rounds it is due."""
+
+    def __init__(self, params: RealignConfig, ctx: StrategyContext) -> None:
+        super().__init__(weighting=params.weighting, **OFFERED_NODES_ONLY)
+        self.every = params.every
+        self.ctx = ctx
+        self._grid: Grid | None = None
+        self._train_config = ConfigRecord()
+
+    def due(self, server_round: int) -> bool:
+        return server_round == self.ctx.num_rounds or (self.every is not None and server_round % self.every == 0)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        # Kept for strategies that query the clients after aggregation.
+        self._grid, self._train_config = grid, ConfigRecord({**dict(config), "server-round": server_round})
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None or not self.due(server_round):
+            return arrays, metrics
+        model = self.ctx.build_model(from_record(arrays))
+        nodes = [r.metadata.src_node_id for r in replies if not r.has_error()]
+        self.realign(server_round, model, arrays, nodes).install(model.get_classifier())
+        log.info("round %d: %s replaced the head of the aggregate", server_round, type(self).__name__)
+        return to_record(model_arrays(model)), metrics
+
+    def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
+        """The new head for ``model`` (the aggregate; do not change it)."""
+        raise NotImplementedError
+
+
+@dataclass
+class HeadRealignConfig(RealignConfig):
+    samples: int = field(default=200, metadata={"ge": 1})
+    """Balanced samples the head is finetuned on (samples / classes per class), drawn
+    from the audit set; the rest of the audit set selects the epoch."""
+    train: LinearTrainConfig = field(default_factory=LinearTrainConfig)
+    """The paper's recipe by default: AdamW lr 1e-3, wd 5e-4, cosine over 5 epochs, batch 16."""
+
+
+def head_set_split(samples: int, audit_per_class: int, num_classes: int, where: str) -> int:
+    """Per-class size of a balanced head set of ``samples`` from an audit set with
+    ``audit_per_class`` per class, leaving at least one sample per class to validate on."""
+    if samples < num_classes:
+        raise ConfigError(
+            f"samples ({samples}) must be at least the number of classes ({num_classes}): "
+            "the head set is balanced, samples / classes per class",
+            where,
+        )
+    per_class = samples // num_classes
+    if per_class >= audit_per_class:
+        raise ConfigError(
+            f"a balanced head set of {samples} needs {per_class} per class plus validation "
+            f"samples, but the audit set has {audit_per_class} per class; raise "
+            f"data.audit_per_class above {per_class} or lower samples",
+            where,
+        )
+    return per_class
+
+
+class FedAvgHeadRealign(RealigningFedAvg):
+    """FedAvg, then finetune only the head on the server's balanced audit subset."""
+
+    def __init__(self, params: HeadRealignConfig, ctx: StrategyContext) -> None:
+        super().__init__(params, ctx)
+        if ctx.audit is None:
+            raise ConfigError(
+                "fedavg_head_realign finetunes the head on the server's audit set, but the "
+                "experiment has none; set data.audit_per_class (e.g. 50)",
+                "strategy",
+            )
+        x, y = ctx.audit
+        per_class = head_set_split(params.samples, len(y) // ctx.num_classes, ctx.num_classes, "strategy.samples")
+        head_idx, rest = balanced_split(y, per_class, ctx.num_classes, seed_everything(ctx.seed, 31337))
+        self.head_set = (x[head_idx], y[head_idx])
+        self.val_set = (x[rest], y[rest])
+        self.train_cfg = params.train
+
+    def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
+        f_head, f_val = features(model, self.head_set[0]), features(model, self.val_set[0])
+        generator = seed_everything(self.ctx.seed, server_round, 31337)
+        snapshots = train_linear(f_head, self.head_set[1], LinearHead.of(model), self.train_cfg, generator)
+        return snapshots[best_epoch(snapshots, f_val, self.val_set[1], self.ctx.num_classes)]
+
+
+class NearestClassMean(RealigningFedAvg):
+    """FedAvg, then the head becomes the nearest-class-mean classifier of the clients'
+    feature means of the new aggregate."""
+
+    def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
+        stats, _ = request_class_stats(self._grid, nodes, arrays, self._train_config, "diagonal", self.ctx.round_timeout_s)
+        return ncm_head(stats, LinearHead.of(model))
+
+
+@dataclass
+class CCVRConfig(RealignConfig):
+    covariance: Covariance = "diagonal"
+    """Class Gaussians with diagonal or full covariance; full sends C x D x D floats per
+    client (D = feature size), so diagonal is the default for conv features."""
+    virtual_per_class: int = field(default=1000, metadata={"ge": 1})
+    """Virtual features sampled per class."""
+    train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=5, batch_size=128))
+    """How the head is retrained on the virtual features (from the current head; the
+    last epoch is kept: the server has no data to select on)."""
+
+
+class CCVR(RealigningFedAvg):
+    """FedAvg, then retrain the head on virtual features from the clients' class Gaussians."""
+
+    def __init__(self, params: CCVRConfig, ctx: StrategyContext) -> None:
+        super().__init__(params, ctx)
+        self.params = params
+
+    def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
+        stats, _ = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
+        generator = seed_everything(self.ctx.seed, server_round, 2106)
+        f, y = virtual_features(stats, self.params.virtual_per_class, generator)
+        device = self.ctx.device
+        return train_linear(f.to(device), y.to(device), LinearHead.of(model), self.params.train, generator)[-1]
+
+
+@dataclass
+class TauNormConfig(RealignConfig):
+    tau: float = field(default=1.0, metadata={"ge": 0.0})
+    """Strength: 0 leaves the head unchanged, 1 gives every class weight unit norm."""
+
+
+class TauNorm(RealigningFedAvg):
+    """FedAvg, then tau-normalise the head's class weight norms."""
+
+    def __init__(self, params: TauNormConfig, ctx: StrategyContext) -> None:
+        super().__init__(params, ctx)
+        self.tau = params.tau
+
+    def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
+        return tau_normalize(LinearHead.of(model), self.tau)
+
+
+STRATEGIES.register("fedavg_head_realign", HeadRealignConfig)(FedAvgHeadRealign)
+STRATEGIES.register("ncm", RealignConfig)(NearestClassMean)
+STRATEGIES.register("ccvr", CCVRConfig)(CCVR)
+STRATEGIES.register("tau_norm", TauNormConfig)(TauNorm)
