@@ -68,7 +68,7 @@ class MisalignmentConfig:
     validation_fraction: float = field(default=0.2, metadata={"gt": 0.0, "lt": 1.0})
     """Share of each audit class that selects epochs; the rest is the training split."""
     probe: LinearTrainConfig = field(
-        default_factory=lambda: LinearTrainConfig(epochs=30, batch_size=64, lr=1e-3, weight_decay=1e-4)
+        default_factory=lambda: LinearTrainConfig(epochs=50, batch_size=64, lr=1e-2, weight_decay=1e-3)
     )
     """How the linear probe is trained (from zero weights, on standardised features)."""
     probe_layers: list[str] = field(default_factory=list)
@@ -86,7 +86,7 @@ class MisalignmentConfig:
     """Data-free heads from the clients' feature statistics of the global model."""
     ccvr_covariance: Covariance = "diagonal"
     ccvr_virtual_per_class: int = field(default=1000, metadata={"ge": 1})
-    ccvr_train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=5, batch_size=128))
+    ccvr_train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=10, batch_size=64, lr=1e-2))
 
 
 @dataclass

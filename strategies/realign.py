@@ -163,7 +163,7 @@ class CCVRConfig(RealignConfig):
     client (D = feature size), so diagonal is the default for conv features."""
     virtual_per_class: int = field(default=1000, metadata={"ge": 1})
     """Virtual features sampled per class."""
-    train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=5, batch_size=128))
+    train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=10, batch_size=64, lr=1e-2))
     """How the head is retrained on the virtual features (from the current head; the
     last epoch is kept: the server has no data to select on)."""
 

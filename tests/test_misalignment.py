@@ -1,0 +1,183 @@
+"""The misalignment diagnostic: known answers on a model whose head is scrambled, its
+observe-only contract, its checks on bad input, and an in-process run."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diagnostics.misalignment import Misalignment, MisalignmentConfig
+from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.data import SyntheticConfig, load_dataset
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.heads import LinearTrainConfig, balanced_split
+from fedmech_flwr.hooks import ClientUpdate, GlobalContext, RoundState
+from fedmech_flwr.inprocess import run_in_process
+from fedmech_flwr.models import build_model
+from fedmech_flwr.run_folder import read_records
+
+NUM_CLASSES = 4
+FAST_HEAD = LinearTrainConfig(epochs=20, batch_size=16, lr=0.05, weight_decay=0.0)
+
+
+def new_cnn():
+    return build_model("simple_cnn", {"channels": [8, 16]}, in_channels=1, num_classes=NUM_CLASSES, image_size=8)
+
+
+@pytest.fixture(scope="module")
+def good_model():
+    """A SimpleCNN whose features separate the 4 synthetic classes (test accuracy ~1)."""
+    torch.manual_seed(0)
+    data = load_dataset("synthetic", SyntheticConfig(num_train=400, num_test=200, num_classes=NUM_CLASSES, image_size=8))
+    model = new_cnn()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        optimizer.zero_grad()
+        F.cross_entropy(model(data.x_train), data.y_train).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        assert (model(data.x_test).argmax(1) == data.y_test).float().mean() > 0.95
+    return model, data
+
+
+def scrambled(model) -> NamedArrays:
+    """The model's arrays with the head's rows rolled by one class: same features, and the
+    head reads class c as c + 1 (accuracy ~0)."""
+    arrays = model_arrays(model)
+    for key in ("head.weight", "head.bias"):
+        arrays[key] = np.roll(arrays[key], 1, axis=0)
+    return arrays
+
+
+def round_state(arrays: NamedArrays, data, clients=None) -> RoundState:
+    audit, _ = balanced_split(data.y_train, 80, NUM_CLASSES, torch.Generator().manual_seed(0))
+
+    def build(a: NamedArrays):
+        m = new_cnn()
+        load_model_arrays(m, a)
+        return m.eval()
+
+    datasets = {"test": (data.x_test, data.y_test), "audit": (data.x_train[audit], data.y_train[audit])}
+    return RoundState(3, arrays, arrays, clients or {}, datasets, NUM_CLASSES, build, torch.device("cpu"), 0)
+
+
+def digest(arrays: NamedArrays) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode() + np.ascontiguousarray(arrays[key]).tobytes())
+    return h.hexdigest()
+
+
+def test_scrambled_head_perfect_features_probe_and_realignment_recover(good_model):
+    model, data = good_model
+    diag = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD))
+    metrics = diag.server_side(round_state(scrambled(model), data)).metrics
+    assert metrics["global"]["accuracy"] < 0.05
+    assert metrics["probe"]["accuracy"] > 0.95
+    assert metrics["realigned"]["accuracy"] > 0.95
+    assert metrics["gaps"]["probe"] == pytest.approx(metrics["probe"]["accuracy"] - metrics["global"]["accuracy"])
+    assert all(g > 0.8 for g in metrics["per_class_gaps"]["realigned"])
+    assert metrics["realigned_test_selected"]["accuracy"] >= metrics["realigned"]["accuracy"]
+    assert "test set" in metrics["realigned_test_selected"]["note"]
+    assert metrics["split"] == {"train": 256, "validation": 64, "head": 40}
+    assert metrics["tau_norm"]["accuracy"] < 0.2  # rescaling rows cannot undo a permutation
+
+
+def test_the_paper_recipe_barely_moves_a_scrambled_head(good_model):
+    """65 AdamW steps at lr 1e-3 are a small nudge: the default head recipe measures how
+    far the head is from reading the features, it cannot rebuild a permuted head."""
+    model, data = good_model
+    metrics = Misalignment(MisalignmentConfig(head_samples=40)).server_side(round_state(scrambled(model), data)).metrics
+    assert metrics["realigned"]["accuracy"] < 0.5 < metrics["probe"]["accuracy"]
+
+
+def test_client_statistics_give_ncm_and_ccvr_heads(good_model):
+    model, data = good_model
+    arrays = scrambled(model)
+    diag = Misalignment(MisalignmentConfig(head_samples=40, client_stats=["ncm", "ccvr"], ccvr_covariance="full"))
+    assert diag.needs_global_pass() and not Misalignment(MisalignmentConfig()).needs_global_pass()
+    clients = {}
+    for pid, classes in enumerate([(0, 1), (2, 3)]):  # each client holds two classes
+        keep = (data.y_train == classes[0]) | (data.y_train == classes[1])
+        ctx = GlobalContext(3, pid, round_state(arrays, data).build_model(arrays), data.x_train[keep], data.y_train[keep],
+                            NUM_CLASSES, torch.device("cpu"))
+        update = ClientUpdate(pid, arrays, int(keep.sum()), {})
+        update.global_diagnostics = {"misalignment": diag.client_side_global(ctx)}
+        clients[pid] = update
+    metrics = diag.server_side(round_state(arrays, data, clients)).metrics
+    assert metrics["ncm"]["accuracy"] > 0.95 and metrics["ncm"]["clients"] == 2
+    assert metrics["ccvr"]["accuracy"] > 0.9
+
+
+def test_diagnostic_never_changes_the_weights(good_model):
+    model, data = good_model
+    arrays = scrambled(model)
+    before = digest(arrays)
+    state = round_state(arrays, data, {0: ClientUpdate(0, scrambled(model), 10, {})})
+    diag = Misalignment(MisalignmentConfig(head_samples=40, probe_clients=True, probe_layers=["conv1"],
+                                           client_stats=["ncm"]))
+    ctx = GlobalContext(3, 0, state.build_model(arrays), data.x_train, data.y_train, NUM_CLASSES, torch.device("cpu"))
+    state.clients[0].global_diagnostics = {"misalignment": diag.client_side_global(ctx)}
+    metrics = diag.server_side(state).metrics
+    assert digest(arrays) == before and digest(state.clients[0].arrays) == before
+    assert set(metrics["layers"]) == {"conv1"} and set(metrics["clients"]) == {"0"}
+    assert metrics["clients"]["0"]["own_head"]["accuracy"] < 0.05
+
+
+@pytest.mark.parametrize(
+    ("params", "audit_per_class", "match"),
+    [
+        ({"head_samples": 3}, 50, "head_samples \\(3\\) must be at least the number of classes \\(4\\)"),
+        ({}, 0, "set data.audit_per_class"),
+        ({"head_samples": 200}, 50, "the head set needs 50 per class"),
+    ],
+)
+def test_bad_input_is_refused_before_the_run(params, audit_per_class, match):
+    with pytest.raises(ConfigError, match=match):
+        Misalignment(MisalignmentConfig(**params)).check(NUM_CLASSES, audit_per_class, "diagnostics[0]")
+
+
+def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path):
+    cfg = make_cfg(
+        "data.audit_per_class=15",
+        "diagnostics=[{name: misalignment, head_samples: 20, client_stats: [ncm, ccvr]}]",
+    )
+    run = run_in_process(cfg, tmp_path)
+    records = read_records(run, "diagnostic")
+    assert [r["round"] for r in records] == [1, 2]
+    for key in ("global", "probe", "realigned", "realigned_test_selected", "tau_norm", "ncm", "ccvr"):
+        assert 0.0 <= records[-1][key]["accuracy"] <= 1.0
+        assert len(records[-1][key]["per_class"]) == 4
+    evals = read_records(run, "eval")
+    assert records[-1]["global"]["accuracy"] == pytest.approx(evals[-1]["accuracy"])
+    for name in ("misalignment_accuracy.png", "misalignment_gap_probe.png", "misalignment_gap_realigned.png"):
+        assert (run / "plots" / name).is_file()
+
+
+def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):
+    cfg = make_cfg("diagnostics=[{name: misalignment, head_samples: 20}]")
+    with pytest.raises(ConfigError, match="audit_per_class.* in diagnostics\\[0\\]"):
+        run_in_process(cfg, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_audit_set_that_overlaps_the_test_set_is_refused(make_cfg, tmp_path, monkeypatch):
+    import fedmech_flwr.server as server
+
+    real = server.load_data
+
+    def leaky(cfg):  # a dataset whose test split is copied from its training split
+        bundle = real(cfg)
+        return dataclasses.replace(bundle, x_test=bundle.x_train[:100], y_test=bundle.y_train[:100])
+
+    monkeypatch.setattr(server, "load_data", leaky)
+    cfg = make_cfg("data.audit_per_class=20")
+    with pytest.raises(ConfigError, match="audit set shares .* image\\(s\\) with the test set"):
+        run_in_process(cfg, tmp_path)
+    assert not any(tmp_path.iterdir())
