@@ -6,6 +6,6 @@ for its figures),
 register it with ``@DIAGNOSTICS.register("name", ConfigCls)`` and import it here.
 """
 
-from diagnostics import misalignment, weight_divergence  # noqa: F401
+from diagnostics import misalignment, misalignment_table, weight_divergence  # noqa: F401
 from diagnostics.circuits import diagnostic  # noqa: F401
 from diagnostics.usae import command as usae_command, diagnostic as usae_diagnostic  # noqa: F401

@@ -23,13 +23,14 @@ app = ServerApp()
 
 
 def show_logs() -> None:
-    """Send fedmech's INFO logs to the console Flower streams to the user."""
-    logger = logging.getLogger("fedmech_flwr")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("fedmech %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    """Send the INFO logs of the core and the plug-ins to the console Flower streams."""
+    for name in ("fedmech_flwr", *plugins.PLUGIN_PACKAGES):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("fedmech %(levelname)s: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
 
 
 @app.main()

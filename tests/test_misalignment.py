@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from diagnostics.misalignment import Misalignment, MisalignmentConfig
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.cli import main
 from fedmech_flwr.data import SyntheticConfig, load_dataset
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearTrainConfig, balanced_split
@@ -143,7 +144,7 @@ def test_bad_input_is_refused_before_the_run(params, audit_per_class, match):
         Misalignment(MisalignmentConfig(**params)).check(NUM_CLASSES, audit_per_class, "diagnostics[0]")
 
 
-def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path):
+def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path, capsys, smoke_run):
     cfg = make_cfg(
         "data.audit_per_class=15",
         "diagnostics=[{name: misalignment, head_samples: 20, client_stats: [ncm, ccvr]}]",
@@ -158,6 +159,15 @@ def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path):
     assert records[-1]["global"]["accuracy"] == pytest.approx(evals[-1]["accuracy"])
     for name in ("misalignment_accuracy.png", "misalignment_gap_probe.png", "misalignment_gap_realigned.png"):
         assert (run / "plots" / name).is_file()
+
+    assert main(["misalignment-table", str(run), "--round", "1"]) == 0
+    header, rule, row = capsys.readouterr().out.strip().splitlines()
+    assert "| probe |" in header and "| realigned - global |" in header and rule.startswith("|---|")
+    cells = dict(zip(header.strip("| ").split(" | "), row.strip("| ").split(" | ")))
+    assert cells["round"] == "1" and cells["partition"] == "dirichlet(alpha=0.5, min_samples=10, max_attempts=100)"
+    assert float(cells["probe"]) == pytest.approx(100 * records[0]["probe"]["accuracy"], abs=0.05)
+    assert main(["misalignment-table", str(smoke_run)]) == 2  # a run without the diagnostic
+    assert "has no misalignment records" in capsys.readouterr().err
 
 
 def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):
