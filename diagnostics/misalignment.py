@@ -47,6 +47,7 @@ from fedmech_flwr.heads import (
     best_epoch,
     class_stats,
     features,
+    head_set_per_class,
     ncm_head,
     score,
     tau_normalize,
@@ -110,21 +111,14 @@ class Misalignment(Diagnostic):
                 "has none; set data.audit_per_class (e.g. 100)",
                 where,
             )
-        if p.head_samples < num_classes:
-            raise ConfigError(
-                f"head_samples ({p.head_samples}) must be at least the number of classes ({num_classes}): "
-                "the head set is balanced, head_samples / classes per class",
-                f"{where}.head_samples",
-            )
         val = self._val_per_class(audit_per_class)
-        head = p.head_samples // num_classes
-        if val < 1 or head > audit_per_class - val:
+        if val < 1:
             raise ConfigError(
-                f"the audit set has {audit_per_class} per class: {val} validate and {audit_per_class - val} "
-                f"train, but the head set needs {head} per class; raise data.audit_per_class or lower "
-                "head_samples / validation_fraction",
-                f"{where}.head_samples",
+                f"validation_fraction {p.validation_fraction} of {audit_per_class} audit images per class "
+                "leaves none to select epochs on; raise it or data.audit_per_class",
+                f"{where}.validation_fraction",
             )
+        head_set_per_class(p.head_samples, audit_per_class - val, num_classes, f"{where}.head_samples")
 
     def _val_per_class(self, audit_per_class: int) -> int:
         return int(round(self.params.validation_fraction * audit_per_class))

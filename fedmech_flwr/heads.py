@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel
 
 Covariance = Literal["diagonal", "full"]
@@ -151,6 +152,25 @@ def balanced_split(y: Tensor, per_class: int, num_classes: int, generator: torch
     rest = torch.ones(len(labels), dtype=torch.bool)
     rest[picked] = False
     return picked.to(y.device), torch.nonzero(rest).flatten().to(y.device)
+
+
+def head_set_per_class(samples: int, available_per_class: int, num_classes: int, where: str) -> int:
+    """Per-class size of a balanced head set of ``samples`` images when each class has
+    ``available_per_class`` audit images to spare; bad sizes fail naming ``where``."""
+    if samples < num_classes:
+        raise ConfigError(
+            f"{samples} samples must be at least the number of classes ({num_classes}): the head "
+            "set is balanced, samples / classes per class",
+            where,
+        )
+    per_class = samples // num_classes
+    if per_class > available_per_class:
+        raise ConfigError(
+            f"a balanced head set of {samples} needs {per_class} per class, but the audit set has "
+            f"{available_per_class} per class to spare for it; raise data.audit_per_class or lower the samples",
+            where,
+        )
+    return per_class
 
 
 @dataclass

@@ -37,6 +37,7 @@ from fedmech_flwr.heads import (
     balanced_split,
     best_epoch,
     features,
+    head_set_per_class,
     ncm_head,
     tau_normalize,
     train_linear,
@@ -102,26 +103,6 @@ class HeadRealignConfig(RealignConfig):
     """The paper's recipe by default: AdamW lr 1e-3, wd 5e-4, cosine over 5 epochs, batch 16."""
 
 
-def head_set_split(samples: int, audit_per_class: int, num_classes: int, where: str) -> int:
-    """Per-class size of a balanced head set of ``samples`` from an audit set with
-    ``audit_per_class`` per class, leaving at least one sample per class to validate on."""
-    if samples < num_classes:
-        raise ConfigError(
-            f"samples ({samples}) must be at least the number of classes ({num_classes}): "
-            "the head set is balanced, samples / classes per class",
-            where,
-        )
-    per_class = samples // num_classes
-    if per_class >= audit_per_class:
-        raise ConfigError(
-            f"a balanced head set of {samples} needs {per_class} per class plus validation "
-            f"samples, but the audit set has {audit_per_class} per class; raise "
-            f"data.audit_per_class above {per_class} or lower samples",
-            where,
-        )
-    return per_class
-
-
 class FedAvgHeadRealign(RealigningFedAvg):
     """FedAvg, then finetune only the head on the server's balanced audit subset."""
 
@@ -134,7 +115,8 @@ class FedAvgHeadRealign(RealigningFedAvg):
                 "strategy",
             )
         x, y = ctx.audit
-        per_class = head_set_split(params.samples, len(y) // ctx.num_classes, ctx.num_classes, "strategy.samples")
+        # every class keeps at least one image to select the epoch on
+        per_class = head_set_per_class(params.samples, len(y) // ctx.num_classes - 1, ctx.num_classes, "strategy.samples")
         head_idx, rest = balanced_split(y, per_class, ctx.num_classes, seed_everything(ctx.seed, 31337))
         self.head_set = (x[head_idx], y[head_idx])
         self.val_set = (x[rest], y[rest])

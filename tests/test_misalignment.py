@@ -134,9 +134,10 @@ def test_diagnostic_never_changes_the_weights(good_model):
 @pytest.mark.parametrize(
     ("params", "audit_per_class", "match"),
     [
-        ({"head_samples": 3}, 50, "head_samples \\(3\\) must be at least the number of classes \\(4\\)"),
+        ({"head_samples": 3}, 50, "3 samples must be at least the number of classes \\(4\\).*diagnostics\\[0\\]\\.head_samples"),
         ({}, 0, "set data.audit_per_class"),
-        ({"head_samples": 200}, 50, "the head set needs 50 per class"),
+        ({"head_samples": 200}, 50, "needs 50 per class, but the audit set has 40 per class to spare"),
+        ({"validation_fraction": 0.1}, 4, "leaves none to select epochs on"),
     ],
 )
 def test_bad_input_is_refused_before_the_run(params, audit_per_class, match):

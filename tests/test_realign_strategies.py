@@ -145,9 +145,9 @@ def test_head_realignment_needs_an_audit_set_of_the_right_size(data):
     no_audit.audit = None
     with pytest.raises(ConfigError, match="set data.audit_per_class"):
         make("fedavg_head_realign", HeadRealignConfig(), no_audit)
-    with pytest.raises(ConfigError, match="samples \\(3\\) must be at least the number of classes \\(4\\)"):
+    with pytest.raises(ConfigError, match="3 samples must be at least the number of classes \\(4\\)"):
         make("fedavg_head_realign", HeadRealignConfig(samples=3), context(data))
-    with pytest.raises(ConfigError, match="audit set has 40 per class"):
+    with pytest.raises(ConfigError, match="audit set has 39 per class to spare"):
         make("fedavg_head_realign", HeadRealignConfig(samples=200), context(data))
 
 
