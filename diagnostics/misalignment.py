@@ -190,7 +190,8 @@ class Misalignment(Diagnostic):
     def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
         """A fresh linear classifier on standardised features, epoch selected on validation."""
         f_train = f_audit[splits.train]
-        mean, std = f_train.mean(0), f_train.std(0).clamp_min(1e-6)
+        mean, std = f_train.mean(0), f_train.std(0)
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
         norm = lambda f: (f - mean) / std  # noqa: E731
         zero = LinearHead(torch.zeros(n, f_audit.shape[1]), torch.zeros(n))
         snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe, seed_everything(*seed, 3))[1:]
