@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays
-
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DatasetBundle, load_dataset
 from fedmech_flwr.errors import ConfigError
@@ -55,8 +54,7 @@ def check_disjoint_from_test(audit_x: torch.Tensor, test_x: torch.Tensor) -> Non
     found by hash), or every number the server measures on it leaks the test set."""
     if not len(audit_x):
         return
-    digest = lambda x: {hashlib.sha1(row.tobytes()).hexdigest() for row in x.cpu().numpy()}  # noqa: E731
-    shared = len(digest(audit_x) & digest(test_x))
+    shared = len(_image_digests(audit_x) & _image_digests(test_x))
     if shared:
         raise ConfigError(
             f"the audit set shares {shared} image(s) with the test set; the dataset's training "
@@ -64,6 +62,10 @@ def check_disjoint_from_test(audit_x: torch.Tensor, test_x: torch.Tensor) -> Non
             "data.audit_per_class=0 to run without an audit set",
             "data.audit_per_class",
         )
+
+
+def _image_digests(x: torch.Tensor) -> set[str]:
+    return {hashlib.sha1(image.tobytes()).hexdigest() for image in x.cpu().numpy()}
 
 
 def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle) -> list[np.ndarray]:
