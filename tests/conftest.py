@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr import plugins
@@ -21,6 +22,14 @@ from fedmech_flwr.protocol import REPORT_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "experiments" / "smoke.yaml"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Report the faults that tests injected (see tests/faults.py), by kind."""
+    from faults import INJECTED
+
+    if INJECTED:
+        terminalreporter.write_line(f"faults injected: {dict(sorted(INJECTED.items()))}")
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +107,8 @@ def train_reply(
 
 
 def error_reply(node_id: int, reason: str = "boom") -> Message:
-    return Message(Error(code=0, reason=reason), reply_to=outgoing(node_id))
+    """The reply Flower makes of a ClientApp that raised."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=outgoing(node_id))
 
 
 @pytest.fixture

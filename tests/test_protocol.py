@@ -102,9 +102,9 @@ def test_error_reply_with_fail_policy_raises_naming_client_and_fix(smoke_cfg, me
     with pytest.raises(ClientFailure) as info:
         proto.aggregate_train(1, replies)
     msg = str(info.value)
-    assert "round 1: client 1 failed (boom)" in msg
+    assert "round 1: client 1 failed (raised: boom)" in msg
     assert "on_client_failure is 'fail'" in msg and "'continue'" in msg
-    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "fail"}]
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "raised: boom", "policy": "fail"}]
     assert rec.clients == []
 
 
@@ -117,7 +117,7 @@ def test_continue_policy_aggregates_the_rest_and_records_failure(make_cfg, messa
     # weights 10 (pid 0, value 1) and 30 (pid 2, value 3): (10 * 1 + 30 * 3) / 40 = 2.5
     np.testing.assert_allclose(from_record(arrays)["w"], [2.5, 2.5, 2.5])
     assert strategy.orders == [[0, 2]]
-    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "continue"}]
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "raised: boom", "policy": "continue"}]
     assert rec.clients == [(1, 0, 10), (1, 2, 30)]
     assert proto.current.succeeded == (0, 2)
 
@@ -126,7 +126,7 @@ def test_missing_reply_counts_as_failure(make_cfg, messages):
     rec = Recorder()
     proto = protocol(make_cfg("federation.on_client_failure=continue", "federation.round_timeout_s=5"), recorder=rec)
     proto.aggregate_train(1, [reply(messages, 0), reply(messages, 1)])
-    assert rec.failures == [{"round": 1, "partition_id": 2, "reason": "no reply within 5s", "policy": "continue"}]
+    assert rec.failures == [{"round": 1, "partition_id": 2, "reason": "timeout: no reply within 5s", "policy": "continue"}]
 
 
 def test_fewer_than_min_replies_raises(make_cfg, messages):
