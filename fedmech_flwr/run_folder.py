@@ -35,9 +35,9 @@ import platform
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -128,12 +128,13 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, owned by another user
+        pass
     return True
 
 

@@ -79,7 +79,7 @@ def run_experiment(
 
     if resume:
         folder = RunFolder.resume(run_dir)
-        point = folder.load_state()
+        point = _resume_point(folder, model)
         folder.rewind(point.last_round if point else None)
         folder.set_status("running")
         log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
@@ -111,11 +111,12 @@ def run_experiment(
     return folder.path
 
 
-def _start_point(folder: RunFolder, point: ResumePoint | None, model) -> ResumePoint:
-    """Where the rounds start: the folder's resume point (checked against the model), or
-    the freshly initialised model before round 1."""
+def _resume_point(folder: RunFolder, model) -> ResumePoint | None:
+    """The folder's resume point, checked against the model before anything is rewound;
+    None when the run was killed before its first one."""
+    point = folder.load_state()
     if point is None:
-        return ResumePoint(0, model_arrays(model), {})
+        return None
     try:
         load_model_arrays(model, point.global_arrays)
     except ValueError as err:
@@ -127,10 +128,11 @@ def _start_point(folder: RunFolder, point: ResumePoint | None, model) -> ResumeP
 
 
 def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device) -> NamedArrays:
-    """Run the rounds still to do; return the last committed global model."""
+    """Run the rounds after ``point`` (all of them if None); return the last committed
+    global model."""
     fed = cfg.federation
     x_test, y_test = datasets["test"]
-    start = _start_point(folder, point, model)
+    start = point or ResumePoint(0, model_arrays(model), {})
 
     def build(arrays: NamedArrays):
         m = new_model(cfg, bundle, device)

@@ -306,6 +306,7 @@ def test_foreign_resume_point_gives_a_clear_error(smoke_run, tmp_path, arrays, m
     save_arrays(run / STATE_FILE, arrays)
     with pytest.raises(BadFileError, match=message):
         resume_in_process(run)
+    assert len(read_records(run, "eval")) == 3  # nothing was rewound
 
 
 def test_pickle_checkpoint_is_refused_by_usae_without_loading_it(smoke_run, tmp_path, capsys):
