@@ -5,7 +5,7 @@ one client, 3000 samples per round) in process, times every write of the resume 
 and prints the median write time, the median round time (one commit to the next, the
 write included) and their ratio.
 
-    python benchmarks/resume_point.py [--rounds 4]
+    python benchmarks/resume_point.py [--rounds 4] [--experiment experiments/smoke.yaml]
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--experiment", default=str(EXPERIMENT), help="another experiment file")
     args = parser.parse_args()
     plugins.load()
-    cfg = load_experiment(EXPERIMENT, [f"federation.num_rounds={args.rounds}"])
+    cfg = load_experiment(args.experiment, [f"federation.num_rounds={args.rounds}"])
     writes: list[float] = []
     commits: list[float] = []
     save_state = RunFolder.save_state

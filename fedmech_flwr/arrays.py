@@ -78,7 +78,8 @@ def load_arrays(path: str | Path, expected: Collection[str] = ()) -> NamedArrays
     except (SafetensorError, OSError, TypeError, ValueError) as err:
         raise BadFileError(
             f"{path} is not a readable safetensors file ({err}); it may be truncated or foreign: "
-            "point to a file fedmech wrote (checkpoints/, model_final.safetensors), or delete it"
+            "expected weights that fedmech wrote (checkpoints/round_NNN.safetensors, model_final.safetensors); "
+            "point to one of those, or restore this file"
         ) from err
     missing = sorted(set(expected) - set(arrays))
     if missing:

@@ -60,17 +60,17 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     """The config and folder of the run ``--resume`` names; refuse another config."""
     run_dir = RunFolder.resume(args.resume).path
-    cfg = load_experiment(run_dir / CONFIG_FILE)
+    saved = run_dir / CONFIG_FILE
+    cfg = load_experiment(saved)
     if args.out:
         raise RunFolderError(f"--out does not apply to --resume: the run continues in {run_dir}")
-    if args.experiment or args.set:
-        given = _validate(args) if args.experiment else None
-        differ = _differences(given.to_plain(), cfg.to_plain()) if given else ["--set " + " ".join(args.set)]
-        if differ:
-            raise RunFolderError(
-                f"a resumed run keeps the config saved in {run_dir / CONFIG_FILE}, but the command line "
-                f"changes {', '.join(differ[:8])}; drop the experiment file and --set, or start a new run"
-            )
+    if args.set and not args.experiment:
+        raise RunFolderError(f"--set cannot change a resumed run, which keeps {saved}; drop --set, or start a new run")
+    if args.experiment and (differ := _differences(_validate(args).to_plain(), cfg.to_plain())):
+        raise RunFolderError(
+            f"a resumed run keeps the config saved in {saved}, but the command line changes "
+            f"{', '.join(differ[:8])}; drop the experiment file and --set, or start a new run"
+        )
     return cfg, run_dir
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
+from conftest import as_killed, assert_same_run
 from faults import Fault, SimulatedCrash, faulty_app
 from diagnostics.circuits.metrics import pack_masks, unpack_masks
 from fedmech_flwr import plugins
@@ -22,7 +23,6 @@ from fedmech_flwr.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.models import build_model
 from fedmech_flwr.run_folder import STATE_FILE, read_records
 from flwr.app import ConfigRecord
-from test_resilience import as_killed, assert_same_run
 
 REPO = Path(__file__).resolve().parents[1]
 

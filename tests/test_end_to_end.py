@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import smoke_config
+from conftest import run_folders, smoke_config, without_time
 from faults import Fault, faulty_app
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
 from fedmech_flwr.config import parse_experiment
@@ -26,17 +26,6 @@ from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.training import evaluate
 
 CLIENTS, ROUNDS, CLASSES = 3, 2, 4
-TIME_LIKE = re.compile(r"seconds|per-s$|per_s$")
-
-
-def without_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not TIME_LIKE.search(k)} for r in records]
-
-
-def run_folders(out: Path) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.is_dir()) if out.exists() else []
-
-
 def final_weights(run: Path) -> NamedArrays:
     return load_arrays(run / "model_final.safetensors")
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_same_run, lost_bytes
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.launch import _descendants
 from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
-from test_resilience import assert_same_run, lost_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration

@@ -7,12 +7,9 @@ real ``flwr run`` + SIGKILL case is in ``test_flwr_run.py``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
-import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
-from conftest import smoke_config
+from conftest import as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
 from fedmech_flwr.cli import EXIT_BAD_INPUT, main
@@ -32,45 +29,11 @@ from fedmech_flwr.run_folder import STATE_FILE, RunFolder, read_records, read_st
 from fedmech_flwr.server import Diverged
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from strategies.fedavg import WeightedFedAvg
-from test_end_to_end import run_folders, without_time
 
 ROUNDS = 3
 LONG = ["federation.num_rounds=3", "federation.checkpoint_every=2"]
 """Three rounds, numbered checkpoints after rounds 2 and 3 (the last), a resume point every round."""
 CONTINUE = "federation.on_client_failure=continue"
-
-
-def compared_files(run: Path) -> dict[str, bytes]:
-    """The files a resumed run must reproduce bitwise (records are compared apart:
-    they hold timings; status, environment and plots describe the process)."""
-    skip = {"metrics.jsonl", "status.json", "environment.json"}
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.name not in skip and "plots" not in p.parts}
-
-
-def lost_bytes(reference: Path, resumed: Path) -> int:
-    """Bytes of the reference run's data that the resumed run lacks or has different:
-    records (without timings) and files."""
-    lines = lambda run: [json.dumps(r, sort_keys=True) for r in without_time(read_records(run))]  # noqa: E731
-    ref_lines, new_lines = lines(reference), lines(resumed)
-    lost = sum(len(line) for line in ref_lines if line not in new_lines)
-    new_files = compared_files(resumed)
-    lost += sum(len(data) for name, data in compared_files(reference).items() if new_files.get(name) != data)
-    return lost
-
-
-def assert_same_run(reference: Path, resumed: Path) -> None:
-    assert read_status(resumed)["status"] == "completed"
-    assert without_time(read_records(resumed)) == without_time(read_records(reference))  # nothing lost or doubled
-    assert sorted(compared_files(resumed)) == sorted(compared_files(reference))
-    assert lost_bytes(reference, resumed) == 0
-
-
-def as_killed(run: Path) -> None:
-    """Leave status.json as a SIGKILL does: ``running``, by a process that is gone."""
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    (run / "status.json").write_text(json.dumps({"status": "running", "pid": gone.pid, "host": socket.gethostname()}))
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +233,7 @@ def test_cli_resume_refuses_another_config(smoke_run, tmp_path, capsys):
     assert main(["run", "--resume", str(run), smoke, "--set", "federation.num_rounds=5"]) == EXIT_BAD_INPUT
     assert "changes federation.num_rounds; drop the experiment file and --set" in capsys.readouterr().err
     assert main(["run", "--resume", str(run), "--set", "seed=3"]) == EXIT_BAD_INPUT
-    assert "changes --set seed=3" in capsys.readouterr().err
+    assert "--set cannot change a resumed run" in capsys.readouterr().err
     assert main(["run", "--resume", str(smoke_run)]) == EXIT_BAD_INPUT
     assert "completed run" in capsys.readouterr().err
     assert main(["run"]) == EXIT_BAD_INPUT
