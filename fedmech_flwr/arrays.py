@@ -1,14 +1,13 @@
 """Model weights as named NumPy arrays: conversion, averaging, safe files.
 
 Files are safetensors (no pickled code is ever executed on load) and are written
-atomically (write to a temporary name, then rename), so a killed run never leaves a
-truncated file behind.
+atomically (:mod:`fedmech_flwr.files`), so a killed run never leaves a truncated file
+behind; a file that is truncated or foreign anyway gives a ``BadFileError`` naming it.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,9 @@ from flwr.app import Array, ArrayRecord
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 from torch import nn
+
+from fedmech_flwr.errors import BadFileError
+from fedmech_flwr.files import write_atomic
 
 NamedArrays = dict[str, np.ndarray]
 
@@ -58,22 +60,39 @@ def weighted_mean(models: Sequence[NamedArrays], weights: Sequence[float]) -> Na
 
 def save_arrays(path: str | Path, arrays: NamedArrays, metadata: dict[str, str] | None = None) -> None:
     """Write arrays as safetensors, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: np.asarray(v, order="C") for k, v in arrays.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    contiguous = {k: np.asarray(v, order="C") for k, v in arrays.items()}
+    write_atomic(path, lambda tmp: save_file(contiguous, str(tmp), metadata=metadata))
 
 
-def load_arrays(path: str | Path) -> NamedArrays:
-    """Read a safetensors file; a missing, truncated or foreign file gives a clear error."""
+def load_arrays(path: str | Path, expected: Collection[str] = ()) -> NamedArrays:
+    """Read a safetensors file holding at least the arrays named in ``expected``.
+
+    A missing file raises FileNotFoundError; a truncated, foreign or incomplete one a
+    ``BadFileError`` that names the file and what to do.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no weights file at {path}")
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable safetensors file ({err}); it may be truncated or foreign") from err
+        arrays = load_file(str(path))
+    except (SafetensorError, OSError, TypeError, ValueError) as err:
+        raise BadFileError(
+            f"{path} is not a readable safetensors file ({err}); it may be truncated or foreign: "
+            "expected weights that fedmech wrote (checkpoints/round_NNN.safetensors, model_final.safetensors); "
+            "point to one of those, or restore this file"
+        ) from err
+    missing = sorted(set(expected) - set(arrays))
+    if missing:
+        raise BadFileError(
+            f"{path} lacks arrays {missing[:5]}{' ...' if len(missing) > 5 else ''} ({len(missing)} missing, "
+            f"it holds {len(arrays)}); it was written for another model or by another program"
+        )
+    return arrays
+
+
+def non_finite(arrays: NamedArrays) -> list[str]:
+    """Names of the floating-point arrays holding a NaN or an infinity."""
+    return [k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all()]
 
 
 def to_record(arrays: NamedArrays) -> ArrayRecord:

@@ -1,6 +1,7 @@
 """``fedmech``: run, validate and plot experiments. The only module that prints.
 
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
+    fedmech run --resume RUN_DIR   (continue a killed run from its last completed round)
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech plot RUN_DIR
     fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import load_experiment
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import read_status
+from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
+from fedmech_flwr.run_folder import CONFIG_FILE, RunFolder, read_status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -44,23 +45,58 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain configs."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys += _differences(x, y, f"{prefix}{key}.")
+        elif x != y:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
+    """The config and folder of the run ``--resume`` names; refuse another config."""
+    run_dir = RunFolder.resume(args.resume).path
+    saved = run_dir / CONFIG_FILE
+    cfg = load_experiment(saved)
+    if args.out:
+        raise RunFolderError(f"--out does not apply to --resume: the run continues in {run_dir}")
+    if args.set and not args.experiment:
+        raise RunFolderError(f"--set cannot change a resumed run, which keeps {saved}; drop --set, or start a new run")
+    if args.experiment and (differ := _differences(_validate(args).to_plain(), cfg.to_plain())):
+        raise RunFolderError(
+            f"a resumed run keeps the config saved in {saved}, but the command line changes "
+            f"{', '.join(differ[:8])}; drop the experiment file and --set, or start a new run"
+        )
+    return cfg, run_dir
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fedmech_flwr.launch import launch
     from fedmech_flwr.server import output_root
 
-    cfg = _validate(args)
-    root = output_root(cfg, args.out)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run_dir = root / f"{cfg.name}-{stamp}"
-    suffix = 1
-    while run_dir.exists():
-        run_dir, suffix = root / f"{cfg.name}-{stamp}-{suffix}", suffix + 1
-    run_config = {
-        "experiment": str(Path(args.experiment).resolve()),
-        "overrides": json.dumps(args.set),
-        "out": str(root),
-        "run-dir": str(run_dir),
-    }
+    if args.resume:
+        cfg, run_dir = _resumed(args)
+        run_config = {"resume": str(run_dir)}
+    elif not args.experiment:
+        raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
+    else:
+        cfg = _validate(args)
+        root = output_root(cfg, args.out)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        run_dir = root / f"{cfg.name}-{stamp}"
+        suffix = 1
+        while run_dir.exists():
+            run_dir, suffix = root / f"{cfg.name}-{stamp}-{suffix}", suffix + 1
+        run_config = {
+            "experiment": str(Path(args.experiment).resolve()),
+            "overrides": json.dumps(args.set),
+            "out": str(root),
+            "run-dir": str(run_dir),
+        }
     sim = cfg.simulation
     result = launch(run_config, cfg.federation.num_clients, sim.cpus_per_client, sim.gpus_per_client)
     folder_status = read_status(run_dir)["status"]
@@ -84,16 +120,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedmech", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, help_text in (
-        ("run", cmd_run, "run an experiment with flwr run (local simulation)"),
-        ("validate", cmd_validate, "check an experiment file without running it"),
+    for name, fn, help_text, nargs in (
+        ("run", cmd_run, "run an experiment with flwr run (local simulation)", "?"),  # optional with --resume
+        ("validate", cmd_validate, "check an experiment file without running it", None),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("experiment", help="experiment YAML file")
+        p.add_argument("experiment", nargs=nargs, help="experiment YAML file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set federation.num_rounds=2 (repeatable)")
         p.set_defaults(fn=fn)
-    sub.choices["run"].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    run = sub.choices["run"]
+    run.add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a killed or failed run in its folder, from its last completed round")
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
@@ -114,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -138,13 +138,15 @@ class FederationConfig:
     clients_per_round: int | None = field(default=None, metadata={"ge": 1})
     """Clients sampled per round by partition-id with a seeded RNG; null means all."""
     on_client_failure: Literal["fail", "continue"] = "fail"
-    """``fail`` stops the run on any failed client; ``continue`` drops it and goes on."""
+    """What a failed client (it raised, timed out or sent NaN/Inf weights) does: ``fail``
+    stops the run; ``continue`` drops it and goes on."""
     min_replies: int = field(default=1, metadata={"ge": 1})
     """With ``continue``: fewer successful replies than this fails the round."""
     round_timeout_s: float = field(default=3600.0, metadata={"gt": 0.0})
-    """How long the server waits for the replies of one round."""
+    """How long the server waits for the replies of one round; later replies fail."""
     checkpoint_every: int = field(default=1, metadata={"ge": 1})
-    """Write the global model every N rounds (the final model is always written)."""
+    """Write ``checkpoints/round_NNN`` every N rounds and after the last. Independent of
+    the resume point (``state.safetensors``), which is replaced every round."""
 
 
 @dataclass

@@ -14,3 +14,13 @@ class ConfigError(ValueError):
 
 class DataNotFoundError(FileNotFoundError):
     """A dataset is not on disk; the message lists where we looked and how to get it."""
+
+
+class BadFileError(ValueError):
+    """A file is truncated, foreign or lacks what it should hold; the message names the
+    file, what was expected and what to do."""
+
+
+class RunFolderError(ValueError):
+    """A run folder cannot be used as asked (e.g. resumed); the message says why and what
+    to do instead."""

@@ -15,7 +15,8 @@ Work that needs a client's data runs in the ClientApp, in two places:
 
 Results are small dicts of JSON-able values and ``bytes`` (e.g. packed masks), carried in
 a ConfigRecord (bytes stay bytes). Diagnostics only observe: they must never change the
-models they are given.
+models they are given. One that keeps state across rounds (e.g. each client's previous
+circuits) implements ``fedmech_flwr.protocol.Resumable`` so that a resumed run restores it.
 """
 
 from __future__ import annotations

@@ -4,10 +4,16 @@ A Grid that calls the ClientApp directly: a whole small experiment runs in secon
 which is what the end-to-end tests and quick debugging need. It wraps the one Flower
 internal this needs (``TaskIdentity``, which ``Message`` reads when built outside a
 real run). The real path is ``flwr run``; this one only skips the transport.
+
+Like Flower's Grid, a ClientApp exception becomes an error reply, and a reply that
+takes longer than ``send_and_receive``'s timeout never arrives (clients run one after
+another here, so each call's own duration is compared, as if they ran in parallel).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,8 +23,12 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from flwr.common.constant import ErrorCode
+
 from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.server import run_experiment
+from fedmech_flwr.server import resume_config, run_experiment
+
+log = logging.getLogger(__name__)
 
 SERVER_NODE_ID = 1
 _FIRST_CLIENT_NODE_ID = 1000
@@ -67,17 +77,31 @@ class InProcessGrid(Grid):
         replies = []
         for msg in messages:
             context = self.contexts[msg.metadata.dst_node_id]
+            started = time.monotonic()
             try:
                 reply = self.client_app(msg, context)
             except Exception as err:  # a client exception becomes an error reply, as in Flower
-                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+                reason = f"{type(err).__name__}: {err}"
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+            if timeout is not None and time.monotonic() - started > timeout:
+                log.warning("node %d replied after the %gs timeout: reply dropped", msg.metadata.dst_node_id, timeout)
+                continue
             replies.append(reply)
         return replies
 
 
 def run_in_process(cfg: ExperimentConfig, out: str | Path, client_app: ClientApp | None = None) -> Path:
     """Run ``cfg`` with its ClientApp in this process; return the run folder."""
+    return run_experiment(_grid(cfg, client_app), cfg, out=str(out))
+
+
+def resume_in_process(run_dir: str | Path, client_app: ClientApp | None = None) -> Path:
+    """Resume the killed run in ``run_dir`` (its own config) in this process."""
+    cfg = resume_config(run_dir)
+    return run_experiment(_grid(cfg, client_app), cfg, run_dir=str(run_dir), resume=True)
+
+
+def _grid(cfg: ExperimentConfig, client_app: ClientApp | None) -> InProcessGrid:
     from fedmech_flwr.client_app import app as default_client_app
 
-    grid = InProcessGrid(client_app or default_client_app, cfg.federation.num_clients)
-    return run_experiment(grid, cfg, out=str(out))
+    return InProcessGrid(client_app or default_client_app, cfg.federation.num_clients)

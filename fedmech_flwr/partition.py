@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.files import save_figure
 from fedmech_flwr.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -219,8 +220,6 @@ def plot_label_distribution(
     ax.set(xlabel="training samples", ylabel="client")
     ax.set_title(f"Label distribution over {num_clients} clients")
     ax.legend(title="class", loc="upper left", bbox_to_anchor=(1.01, 1), ncols=ncols, fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    path = save_figure(fig, path)
     log.info("label distribution plot saved to %s", path)
     return path

@@ -15,6 +15,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from fedmech_flwr.files import save_figure
+
 log = logging.getLogger(__name__)
 
 
@@ -34,9 +36,7 @@ def line_plot(
     ax.grid(alpha=0.3)
     if len(lines) <= 12:
         ax.legend(fontsize=8, loc="best")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path)
 
 
 def heatmap(
@@ -54,9 +54,7 @@ def heatmap(
             if np.isfinite(v):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if (v - vmin) / (vmax - vmin) < 0.6 else "black")
     fig.colorbar(im, ax=ax, shrink=0.8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:

@@ -6,10 +6,16 @@
   per run); the inner strategy is offered only the sampled nodes and trains all of them;
 - aggregation in partition-id order (bitwise-reproducible sums);
 - the failed-client policy (``fail`` the run, or ``continue`` with at least N replies),
-  always written to the per-round log;
+  always written to the per-round log; a client fails when it raises, does not reply
+  within ``round_timeout_s`` or sends NaN/Inf weights (dropped before aggregation, so
+  the global model is never poisoned);
 - the mask policy after aggregation (optional server-side re-pruning);
 - the per-client record of every round (FedAvg only keeps averaged metrics);
-- the diagnostics hook: every due diagnostic sees the round's models and data.
+- the diagnostics hook: every due diagnostic sees the round's models and data;
+- resuming a killed run: Flower's ``Strategy.start`` always counts rounds from 1, so a
+  run resumed after round r runs the remaining rounds with every round number shifted
+  by r (``resume_after``), and restores what ``Resumable`` strategies and diagnostics
+  saved.
 
 So every strategy, built-in or user-written, gets the same protocol and diagnostics.
 """
@@ -21,13 +27,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record
+from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
 from fedmech_flwr.run_folder import RunFolder
@@ -43,8 +51,29 @@ DIAGNOSE_ACTION = "diagnose"
 """``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
 
 
+RAISED_CODES = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRASHED, ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
+"""Flower error codes of a ClientApp that raised or crashed (reason ``raised: ...``)."""
+
+
 class ClientFailure(RuntimeError):
     """A client failed and the experiment's policy says the run must stop."""
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A strategy or diagnostic that keeps state across rounds (server momentum, a
+    client's previous circuits). Without this a resumed run would start that state
+    afresh and drift from an uninterrupted one. ``state_arrays`` is saved with every
+    round's resume point; ``load_state_arrays`` gets it back when a killed run resumes."""
+
+    def state_arrays(self) -> NamedArrays: ...
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None: ...
+
+
+def failure_reason(error: Error) -> str:
+    """``raised: ...`` for a ClientApp exception; Flower's code and reason otherwise."""
+    return f"raised: {error.reason}" if error.code in RAISED_CODES else f"error {error.code}: {error.reason}"
 
 
 def discover_partitions(grid: Grid, expected: int, timeout: float) -> dict[int, int]:
@@ -169,6 +198,8 @@ class RoundProtocol(Strategy):
         Where per-client records, failures and diagnostic results are written.
     post_aggregate : callable, optional
         Applied to the aggregated arrays before anything else sees them (mask policy).
+    resume_after : int, optional
+        The last completed round of a killed run being resumed; None for a new run.
     """
 
     def __init__(
@@ -180,6 +211,7 @@ class RoundProtocol(Strategy):
         make_state: Callable[[int, NamedArrays, NamedArrays, dict[int, ClientUpdate]], RoundState],
         recorder: RunFolder,
         post_aggregate: Callable[[NamedArrays], NamedArrays] | None = None,
+        resume_after: int | None = None,
     ) -> None:
         self.strategy = strategy
         self.cfg = cfg
@@ -189,6 +221,9 @@ class RoundProtocol(Strategy):
         self.make_state = make_state
         self.recorder = recorder
         self.post_aggregate = post_aggregate
+        self.resume_after = resume_after
+        self.offset = resume_after or 0
+        """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
         self._sent_arrays: NamedArrays = {}
         self._grid: Grid | None = None
@@ -206,7 +241,45 @@ class RoundProtocol(Strategy):
         log.info("RoundProtocol around %s", type(self.strategy).__name__)
         self.strategy.summary()
 
+    def run(
+        self,
+        grid: Grid,
+        arrays: NamedArrays,
+        train_config: ConfigRecord,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None],
+    ) -> None:
+        """Flower's ``start`` for the rounds still to do, from ``arrays``.
+
+        ``evaluate_fn`` gets the experiment's round number. A resumed run skips the
+        round-0 evaluation (it was recorded before the kill).
+        """
+
+        def shifted(server_round: int, record: ArrayRecord) -> MetricRecord | None:
+            if server_round == 0 and self.resume_after is not None:
+                return None
+            return evaluate_fn(server_round + self.offset, record)
+
+        fed = self.cfg.federation
+        self.start(grid, to_record(arrays), num_rounds=fed.num_rounds - self.offset, timeout=fed.round_timeout_s,
+                   train_config=train_config, evaluate_fn=shifted)
+
+    def _stateful(self) -> list[tuple[str, Resumable]]:
+        owners = [("strategy/", self.strategy)]
+        owners += [(f"diagnostic/{i}.{spec.name}/", diag) for i, (spec, diag) in enumerate(self.diagnostics)]
+        return [(prefix, owner) for prefix, owner in owners if isinstance(owner, Resumable)]
+
+    def state(self) -> NamedArrays:
+        """The ``Resumable`` strategy's and diagnostics' state, under ``strategy/`` and
+        ``diagnostic/<index>.<name>/``."""
+        return {f"{prefix}{k}": v for prefix, owner in self._stateful() for k, v in owner.state_arrays().items()}
+
+    def restore(self, state: NamedArrays) -> None:
+        """Give each ``Resumable`` strategy and diagnostic back what ``state`` saved."""
+        for prefix, owner in self._stateful():
+            owner.load_state_arrays({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        server_round += self.offset
         sampled = self.sample(server_round)
         self.current = RoundSummary(server_round, tuple(sampled), (), time.perf_counter())
         self._sent_arrays = from_record(arrays)
@@ -215,18 +288,16 @@ class RoundProtocol(Strategy):
         return list(self.strategy.configure_train(server_round, arrays, config, offered))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round += self.offset
         replies = list(replies)
         self.current.train_seconds = time.perf_counter() - self.current.started_at
-        ok = sorted(
-            (r for r in replies if not r.has_error()),
-            key=lambda r: self.node_to_partition[r.metadata.src_node_id],
-        )
-        self._apply_failure_policy(server_round, replies, ok)
-        updates = {u.partition_id: u for u in map(client_update, ok)}
+        usable, failures = self._screen(replies)
+        self._apply_failure_policy(server_round, failures, len(usable))
+        updates = {u.partition_id: u for _, u in usable}
         self.current.succeeded = tuple(updates)
         for update in updates.values():
             self.recorder.client(server_round, update)
-        arrays, metrics = self.strategy.aggregate_train(server_round, ok)
+        arrays, metrics = self.strategy.aggregate_train(server_round, [reply for reply, _ in usable])
         if arrays is None:
             raise ClientFailure(f"round {server_round}: {type(self.strategy).__name__} returned no aggregated model")
         if self.post_aggregate is not None:
@@ -234,12 +305,27 @@ class RoundProtocol(Strategy):
         self._run_diagnostics(server_round, arrays, updates)
         return arrays, metrics
 
-    def _apply_failure_policy(self, server_round: int, replies: list[Message], ok: list[Message]) -> None:
+    def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str]]]:
+        """Usable replies (partition-id order) and failed clients with their reason: an
+        error reply, no reply before the timeout, or NaN/Inf in the returned weights."""
+        pid_of = {id(r): self.node_to_partition[r.metadata.src_node_id] for r in replies}
+        timeout = self.cfg.federation.round_timeout_s
+        failures = [(pid, f"timeout: no reply within {timeout:g}s")
+                    for pid in self.current.sampled if pid not in pid_of.values()]
+        usable = []
+        for reply in sorted(replies, key=lambda r: pid_of[id(r)]):
+            if reply.has_error():
+                failures.append((pid_of[id(reply)], failure_reason(reply.error)))
+                continue
+            update = client_update(reply)
+            if bad := non_finite(update.arrays):
+                failures.append((update.partition_id, f"non-finite weights in {', '.join(bad)}"))
+                continue
+            usable.append((reply, update))
+        return usable, sorted(failures)
+
+    def _apply_failure_policy(self, server_round: int, failures: list[tuple[int, str]], num_usable: int) -> None:
         fed = self.cfg.federation
-        replied = {self.node_to_partition[r.metadata.src_node_id] for r in replies}
-        failures = [
-            (self.node_to_partition[r.metadata.src_node_id], r.error.reason) for r in replies if r.has_error()
-        ] + [(pid, f"no reply within {fed.round_timeout_s:.0f}s") for pid in self.current.sampled if pid not in replied]
         for pid, reason in failures:
             self.recorder.failure(server_round, pid, reason, fed.on_client_failure)
             log.warning("round %d: client %d failed: %s", server_round, pid, reason)
@@ -249,9 +335,9 @@ class RoundProtocol(Strategy):
                 f"round {server_round}: client {pid} failed ({reason}); "
                 "federation.on_client_failure is 'fail' (set it to 'continue' to drop failed clients)"
             )
-        if len(ok) < fed.min_replies:
+        if num_usable < fed.min_replies:
             raise ClientFailure(
-                f"round {server_round}: only {len(ok)} successful replies, federation.min_replies is {fed.min_replies}"
+                f"round {server_round}: only {num_usable} successful replies, federation.min_replies is {fed.min_replies}"
             )
 
     def _run_diagnostics(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
@@ -281,7 +367,7 @@ class RoundProtocol(Strategy):
         for reply in self._grid.send_and_receive(messages, timeout=self.cfg.federation.round_timeout_s):
             pid = self.node_to_partition[reply.metadata.src_node_id]
             if reply.has_error():
-                reason = f"diagnostic pass: {reply.error.reason}"
+                reason = f"diagnostic pass: {failure_reason(reply.error)}"
                 self.recorder.failure(server_round, pid, reason, "continue")
                 log.warning("round %d: client %d %s", server_round, pid, reason)
                 continue
@@ -289,7 +375,7 @@ class RoundProtocol(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])
-        return self.strategy.configure_evaluate(server_round, arrays, config, offered)
+        return self.strategy.configure_evaluate(server_round + self.offset, arrays, config, offered)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        return self.strategy.aggregate_evaluate(server_round + self.offset, replies)

@@ -6,27 +6,36 @@
     <run>/environment.json         versions, git hash, seed, host, device
     <run>/partitions.json          per-client sample counts and label histograms
     <run>/metrics.jsonl            append-only records, one JSON object per line
-    <run>/checkpoints/round_NNN.safetensors   global model after round N
+    <run>/state.safetensors        resume point: the last completed round (every round)
+    <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
     <run>/model_final.safetensors  the final global model
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
-    <run>/status.json              running | completed | failed (+ error)
+    <run>/status.json              running | completed | failed (+ error, writer's pid)
 
 Every ``metrics.jsonl`` record has ``kind`` and ``round``; kinds are ``eval`` (global
 model on the test set), ``client`` (one client's training in one round), ``failure``
 (a client that failed and the policy applied) and ``diagnostic`` (one diagnostic's
 metrics in one round, under ``name``).
+
+Surviving a kill: records are appended as whole lines and fsynced (a reader skips a torn
+last line with a warning); every other file is replaced atomically. ``state.safetensors``
+is the commit point of a round: written last, after the round's eval record, so a killed
+run resumes (``RunFolder.resume``) from the last round it holds, and ``rewind`` drops
+what later rounds had written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import platform
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,8 +43,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedmech_flwr.arrays import NamedArrays, save_arrays
+from fedmech_flwr.arrays import NamedArrays, load_arrays, save_arrays
+from fedmech_flwr.errors import RunFolderError
+from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
@@ -43,6 +56,7 @@ PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
 FINAL_MODEL_FILE = "model_final.safetensors"
+STATE_FILE = "state.safetensors"
 CHECKPOINT_DIR = "checkpoints"
 DIAGNOSTICS_DIR = "diagnostics"
 PLOTS_DIR = "plots"
@@ -54,10 +68,17 @@ def round_file(server_round: int) -> str:
     return f"round_{server_round:03d}.safetensors"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+ROUND_FILE_GLOB = "round_*.safetensors"
+STATE_ROUND = "round"
+"""In ``state.safetensors``: the round it holds (a 0-d integer array)."""
+STATE_MODEL = "model/"
+"""In ``state.safetensors``: prefix of the global model's arrays; the rest is the
+round protocol's state (strategy and diagnostics, see ``RoundProtocol.state``)."""
+
+
+def round_of(path: Path) -> int:
+    """The round of a ``round_NNN.safetensors`` file."""
+    return int(path.stem.split("_")[1])
 
 
 def _git_revision(path: Path) -> dict[str, Any]:
@@ -81,20 +102,50 @@ def _version(package: str) -> str | None:
 def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The run's metrics.jsonl records (optionally one kind), in the order written.
 
-    A last line cut off by a crash is skipped, not an error.
+    A last line cut off by a kill is skipped with a warning; a bad line before it is an
+    error (the file was edited or damaged, not killed mid-write).
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a fedmech run folder?")
+    lines = path.read_text().splitlines()
     records = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as err:
+            if number < len(lines):
+                raise RunFolderError(
+                    f"{path}, line {number}: expected one JSON record per line, got {line[:80]!r} ({err}); "
+                    "the file was damaged: restore it or delete that line"
+                ) from err
+            log.warning("%s: skipping the torn last line %d (%r): the run was killed while writing it",
+                        path, number, line[:80])
             continue
         if kind is None or record.get("kind") == kind:
             records.append(record)
     return records
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        pass
+    return True
+
+
+@dataclass
+class ResumePoint:
+    """What ``state.safetensors`` holds: the last completed round and what it left."""
+
+    last_round: int
+    global_arrays: NamedArrays
+    protocol_state: NamedArrays
+    """Strategy and diagnostic state (``RoundProtocol.state``)."""
 
 
 class RunFolder:
@@ -119,8 +170,32 @@ class RunFolder:
         folder.set_status("running")
         return folder
 
+    @classmethod
+    def resume(cls, run_dir: str | Path) -> RunFolder:
+        """Reopen the run folder of a killed or failed run to continue it.
+
+        Refuses a folder that is not a run folder, a completed run, and a run whose
+        writer is still alive on this host.
+        """
+        path = Path(run_dir).expanduser().resolve()
+        missing = [name for name in (CONFIG_FILE, STATUS_FILE) if not (path / name).is_file()]
+        if missing:
+            raise RunFolderError(
+                f"{path} is not a fedmech run folder (no {' or '.join(missing)}); "
+                "pass a folder that `fedmech run` created"
+            )
+        status = read_status(path)
+        if status["status"] == "completed":
+            raise RunFolderError(f"{path} holds a completed run: nothing to resume; start a new run instead")
+        if status["status"] == "running" and status.get("host") == socket.gethostname() and _alive(status.get("pid", -1)):
+            raise RunFolderError(
+                f"{path} is still being written by process {status['pid']} on this host; "
+                "stop that run first (or wait for it), then resume"
+            )
+        return cls(path)
+
     def write_config(self, plain_config: dict[str, Any]) -> None:
-        _write_atomic(self.path / CONFIG_FILE, yaml.safe_dump(plain_config, sort_keys=False))
+        write_text_atomic(self.path / CONFIG_FILE, yaml.safe_dump(plain_config, sort_keys=False))
 
     def write_environment(self, seed: int, device: str, run_config: dict[str, Any]) -> None:
         import torch
@@ -138,7 +213,7 @@ class RunFolder:
             "git": _git_revision(APP_DIR),
             "flower_run_config": run_config,
         }
-        _write_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))
+        write_text_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))
 
     def write_partitions(self, parts: list[np.ndarray], histograms: np.ndarray, class_names: list[str], audit_size: int) -> None:
         clients = [
@@ -146,7 +221,7 @@ class RunFolder:
             for i, p in enumerate(parts)
         ]
         payload = {"num_clients": len(parts), "class_names": class_names, "audit_samples": audit_size, "clients": clients}
-        _write_atomic(self.path / PARTITIONS_FILE, json.dumps(payload, indent=1))
+        write_text_atomic(self.path / PARTITIONS_FILE, json.dumps(payload, indent=1))
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl and flush it to disk."""
@@ -178,11 +253,42 @@ class RunFolder:
     def final_model(self, arrays: NamedArrays) -> None:
         save_arrays(self.path / FINAL_MODEL_FILE, arrays)
 
+    def save_state(self, point: ResumePoint) -> None:
+        """Commit a round: replace the resume point (written last in every round)."""
+        arrays = {f"{STATE_MODEL}{k}": v for k, v in point.global_arrays.items()}
+        save_arrays(self.path / STATE_FILE, {**arrays, **point.protocol_state, STATE_ROUND: np.asarray(point.last_round)})
+
+    def load_state(self) -> ResumePoint | None:
+        """The resume point, or None when the run was killed before its first one."""
+        path = self.path / STATE_FILE
+        if not path.is_file():
+            return None
+        arrays = load_arrays(path, expected=[STATE_ROUND])
+        model = {k[len(STATE_MODEL):]: v for k, v in arrays.items() if k.startswith(STATE_MODEL)}
+        rest = {k: v for k, v in arrays.items() if not k.startswith(STATE_MODEL) and k != STATE_ROUND}
+        return ResumePoint(int(arrays[STATE_ROUND]), model, rest)
+
+    def rewind(self, last_round: int | None) -> None:
+        """Forget what rounds after ``last_round`` wrote (all rounds if None): their
+        metrics records (and a torn last line), round files, temporaries, and the final
+        model (written again when the run completes)."""
+        keep = -1 if last_round is None else last_round
+        metrics = self.path / METRICS_FILE
+        if metrics.is_file():
+            kept = [json.dumps(r, sort_keys=True, allow_nan=True) for r in read_records(self.path) if r["round"] <= keep]
+            write_text_atomic(metrics, "".join(f"{line}\n" for line in kept))
+        later = [p for p in self.path.glob(f"**/{ROUND_FILE_GLOB}") if round_of(p) > keep]
+        for path in [*later, *self.path.glob(FINAL_MODEL_FILE), *self.path.glob(f"**/{TEMPORARY_GLOB}")]:
+            path.unlink()
+        log.info("rewound %s to round %s: removed %d later file(s)", self.path, last_round, len(later))
+
     def set_status(self, status: str, error: str | None = None) -> None:
-        payload = {"status": status, "updated_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+        """Replace status.json; it names this process, so a resume can tell a live writer."""
+        payload = {"status": status, "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                   "pid": os.getpid(), "host": socket.gethostname()}
         if error:
             payload["error"] = error
-        _write_atomic(self.path / STATUS_FILE, json.dumps(payload, indent=1))
+        write_text_atomic(self.path / STATUS_FILE, json.dumps(payload, indent=1))
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:

@@ -1,12 +1,19 @@
 """The server side of one experiment: set up, run the strategy's loop, write the run folder.
 
 ``run_experiment`` is what the ServerApp's ``main`` calls; the in-process runner used in
-tests calls it too, with a Grid that runs the ClientApp directly.
+tests calls it too, with a Grid that runs the ClientApp directly. With ``resume`` it
+continues a killed run in its own folder from the last round that folder committed.
+
+Every round ends with the server evaluation, then the numbered checkpoint (every
+``federation.checkpoint_every`` rounds), then the resume point (every round): a global
+loss or model that is NaN/Inf stops the run before either is written, so both keep the
+last good model.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -16,8 +23,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record
-from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite
+from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import (
     audit_indices,
     check_disjoint_from_test,
@@ -31,15 +39,25 @@ from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.protocol import CONFIG_KEY, RoundProtocol, discover_partitions
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
-from fedmech_flwr.run_folder import RunFolder
+from fedmech_flwr.run_folder import CONFIG_FILE, STATE_FILE, ResumePoint, RunFolder
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.training import evaluate, resolve_device
 
 log = logging.getLogger(__name__)
 
+
+class Diverged(RuntimeError):
+    """The global model's test loss or weights became NaN/Inf; the run stops."""
+
+
 def output_root(cfg: ExperimentConfig, out: str | None = None) -> Path:
     """``--out`` beats ``FEDMECH_OUT`` beats the config's ``output_root``."""
     return Path(out or os.environ.get("FEDMECH_OUT") or cfg.output_root).expanduser().resolve()
+
+
+def resume_config(run_dir: str | Path) -> ExperimentConfig:
+    """The resolved config saved in a run folder that can be resumed (else a clear error)."""
+    return load_experiment(RunFolder.resume(run_dir).path / CONFIG_FILE)
 
 
 def run_experiment(
@@ -49,8 +67,13 @@ def run_experiment(
     out: str | None = None,
     run_dir: str | None = None,
     run_config: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> Path:
-    """Run ``cfg`` on ``grid``; return the run folder. Bad input fails before it exists."""
+    """Run ``cfg`` on ``grid``; return the run folder. Bad input fails before it exists.
+
+    With ``resume``, ``run_dir`` is a killed run's folder (and ``cfg`` its config): the run
+    continues there from the last round the folder committed.
+    """
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     device = resolve_device(cfg.device)
     bundle = load_data(cfg)
@@ -58,11 +81,10 @@ def run_experiment(
     audit = torch.from_numpy(audit_indices(cfg, bundle))
     check_disjoint_from_test(bundle.x_train[audit], bundle.x_test)
     model = new_model(cfg, bundle, device)
-    initial = model_arrays(model)
     audit_set = (bundle.x_train[audit].to(device), bundle.y_train[audit].to(device)) if len(audit) else None
     context = StrategyContext(
-        bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s, initial,
-        model_builder(cfg, bundle, device), device, audit_set,
+        bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
+        model_arrays(model), model_builder(cfg, bundle, device), device, audit_set,
     )
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
     diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
@@ -70,17 +92,27 @@ def run_experiment(
         diagnostic.check(bundle.num_classes, cfg.data.audit_per_class, f"diagnostics[{i}]")
     partitions = discover_partitions(grid, cfg.federation.num_clients, cfg.federation.round_timeout_s)
 
-    folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)
-    log.info("Run folder: %s", folder.path)
+    if resume:
+        folder = RunFolder.resume(run_dir)
+        point = _resume_point(folder, model)
+        folder.rewind(point.last_round if point else None)
+        folder.set_status("running")
+        log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
+    else:
+        folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)
+        point = None
+        log.info("Run folder: %s", folder.path)
     try:
-        folder.write_config(cfg.to_plain())
-        folder.write_environment(cfg.seed, str(device), run_config or {})
+        if not resume:
+            folder.write_config(cfg.to_plain())
+            folder.write_environment(cfg.seed, str(device), run_config or {})
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
         folder.write_partitions(parts, hist, list(bundle.class_names), len(audit))
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
         if audit_set is not None:
             datasets["audit"] = audit_set
-        _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, datasets, device)
+        final = _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device)
+        folder.final_model(final)
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
         try:  # a failed run still gets the plots of the rounds it finished
@@ -94,9 +126,28 @@ def run_experiment(
     return folder.path
 
 
-def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnostics, bundle, datasets, device) -> None:
+def _resume_point(folder: RunFolder, model) -> ResumePoint | None:
+    """The folder's resume point, checked against the model before anything is rewound;
+    None when the run was killed before its first one."""
+    point = folder.load_state()
+    if point is None:
+        return None
+    try:
+        load_model_arrays(model, point.global_arrays)
+    except ValueError as err:
+        raise BadFileError(
+            f"{folder.path / STATE_FILE} does not fit the model of {folder.path / CONFIG_FILE} ({err}); "
+            "it was not written by this run: delete it to restart this run from round 0"
+        ) from err
+    return point
+
+
+def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device) -> NamedArrays:
+    """Run the rounds after ``point`` (all of them if None); return the last committed
+    global model."""
     fed = cfg.federation
     x_test, y_test = datasets["test"]
+    start = point or ResumePoint(0, model_arrays(model), {})
 
     build = model_builder(cfg, bundle, device)
 
@@ -109,9 +160,14 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
         return model_arrays(m)
 
     use_reprune = cfg.pruning.mode == "magnitude" and cfg.pruning.server_reprune
-    protocol = RoundProtocol(strategy, cfg, partitions, diagnostics, make_state, folder, reprune if use_reprune else None)
+    protocol = RoundProtocol(strategy, cfg, partitions, diagnostics, make_state, folder,
+                             reprune if use_reprune else None, resume_after=point.last_round if point else None)
+    if point:
+        protocol.restore(point.protocol_state)
+    committed = start
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        nonlocal committed
         named = from_record(arrays)
         load_model_arrays(model, named)
         res = evaluate(model, x_test, y_test, bundle.num_classes, cfg.eval_batch_size)
@@ -123,10 +179,11 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
             "train_round_seconds": summary.train_seconds,
         })
+        _check_finite(server_round, res.loss, named, committed.last_round, folder)
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             folder.checkpoint(server_round, named)
-        if server_round == fed.num_rounds:
-            folder.final_model(named)
+        committed = ResumePoint(server_round, named, protocol.state())
+        folder.save_state(committed)
         seconds = time.perf_counter() - summary.started_at if server_round else 0.0
         log.info(
             "round %d/%d | test acc %.2f%% | loss %.4f | clients %d/%d | sparsity %.2f%% | %.1fs",
@@ -135,11 +192,18 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
         )
         return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
 
-    protocol.start(
-        grid,
-        to_record(initial),
-        num_rounds=fed.num_rounds,
-        timeout=fed.round_timeout_s,
-        train_config=ConfigRecord({CONFIG_KEY: cfg.to_json()}),
-        evaluate_fn=evaluate_fn,
+    protocol.run(grid, start.global_arrays, ConfigRecord({CONFIG_KEY: cfg.to_json()}), evaluate_fn)
+    return committed.global_arrays
+
+
+def _check_finite(server_round: int, loss: float, arrays: NamedArrays, last_good: int, folder: RunFolder) -> None:
+    """Stop a run whose global model diverged, before its state replaces the last good one."""
+    bad = non_finite(arrays)
+    if math.isfinite(loss) and not bad:
+        return
+    what = f"non-finite weights in {', '.join(bad[:5])}" if bad else f"test loss {loss}"
+    raise Diverged(
+        f"round {server_round}: the global model diverged ({what}); the run stopped. "
+        f"The last good model is round {last_good}'s, in {folder.path / STATE_FILE} "
+        f"(and {folder.path / 'checkpoints'}); lower train.lr or check the clients' data, then start a new run"
     )

@@ -2,7 +2,8 @@
 
 Run config keys (declared in pyproject.toml): ``experiment`` (YAML path, relative to the
 app), ``overrides`` (JSON list of ``key=value`` strings), ``out`` (output root) and
-``run-dir`` (an exact run folder). ``fedmech run`` fills them in.
+``run-dir`` (an exact run folder), and ``resume`` (a killed run's folder to continue with
+its own config; the other keys are then ignored). ``fedmech run`` fills them in.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedmech_flwr import plugins
 from fedmech_flwr.config import load_experiment
 from fedmech_flwr.run_folder import APP_DIR
-from fedmech_flwr.server import run_experiment
+from fedmech_flwr.server import resume_config, run_experiment
 
 app = ServerApp()
 
@@ -38,6 +39,9 @@ def main(grid: Grid, context: Context) -> None:
     show_logs()
     plugins.load()
     rc = context.run_config
+    if resume := str(rc.get("resume") or ""):
+        run_experiment(grid, resume_config(resume), run_dir=resume, run_config=dict(rc), resume=True)
+        return
     path = Path(str(rc["experiment"])).expanduser()
     if not path.is_absolute():
         path = APP_DIR / path

@@ -3,7 +3,9 @@
 A strategy plug-in registers a factory ``factory(params, ctx: StrategyContext) -> flwr
 Strategy``. The strategy must train every node it is offered: the round protocol
 (:mod:`fedmech_flwr.protocol`) samples clients by partition-id and offers only those.
-Build Flower strategies with ``**OFFERED_NODES_ONLY`` to get that behaviour.
+Build Flower strategies with ``**OFFERED_NODES_ONLY`` to get that behaviour. A strategy
+that keeps state across rounds (server momentum, control variates) implements
+``fedmech_flwr.protocol.Resumable`` so that a resumed run restores it.
 
 A strategy that needs the clients' per-class feature statistics of a model (data-free
 head realignment) asks for them with :func:`request_class_stats`; every ClientApp answers.

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,15 +15,25 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.protocol import REPORT_KEY
+from fedmech_flwr.run_folder import read_records, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "experiments" / "smoke.yaml"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Report the faults that tests injected (see tests/faults.py), by kind."""
+    from faults import INJECTED
+
+    if INJECTED:
+        terminalreporter.write_line(f"faults injected: {dict(sorted(INJECTED.items()))}")
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +70,52 @@ def smoke_run(tmp_path_factory) -> Path:
 
     torch.set_num_threads(1)
     return run_in_process(smoke_config(), tmp_path_factory.mktemp("smoke-run"))
+
+
+# --- comparing run folders -------------------------------------------------------------
+
+TIME_LIKE = re.compile(r"seconds|per-s$|per_s$")
+
+
+def without_time(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not TIME_LIKE.search(k)} for r in records]
+
+
+def run_folders(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.is_dir()) if out.exists() else []
+
+
+def compared_files(run: Path) -> dict[str, bytes]:
+    """The files a resumed run must reproduce bitwise (records are compared apart:
+    they hold timings; status, environment and plots describe the process)."""
+    skip = {"metrics.jsonl", "status.json", "environment.json"}
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name not in skip and "plots" not in p.parts}
+
+
+def lost_bytes(reference: Path, resumed: Path) -> int:
+    """Bytes of the reference run's data that the resumed run lacks or has different:
+    records (without timings) and files."""
+    lines = lambda run: [json.dumps(r, sort_keys=True) for r in without_time(read_records(run))]  # noqa: E731
+    ref_lines, new_lines = lines(reference), lines(resumed)
+    lost = sum(len(line) for line in ref_lines if line not in new_lines)
+    new_files = compared_files(resumed)
+    lost += sum(len(data) for name, data in compared_files(reference).items() if new_files.get(name) != data)
+    return lost
+
+
+def assert_same_run(reference: Path, resumed: Path) -> None:
+    assert read_status(resumed)["status"] == "completed"
+    assert without_time(read_records(resumed)) == without_time(read_records(reference))  # nothing lost or doubled
+    assert sorted(compared_files(resumed)) == sorted(compared_files(reference))
+    assert lost_bytes(reference, resumed) == 0
+
+
+def as_killed(run: Path) -> None:
+    """Leave status.json as a SIGKILL does: ``running``, by a process that is gone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (run / "status.json").write_text(json.dumps({"status": "running", "pid": gone.pid, "host": socket.gethostname()}))
 
 
 # --- Flower messages outside a run ------------------------------------------------------
@@ -98,7 +157,8 @@ def train_reply(
 
 
 def error_reply(node_id: int, reason: str = "boom") -> Message:
-    return Message(Error(code=0, reason=reason), reply_to=outgoing(node_id))
+    """The reply Flower makes of a ClientApp that raised."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=outgoing(node_id))
 
 
 @pytest.fixture

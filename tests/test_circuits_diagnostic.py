@@ -11,15 +11,17 @@ import pytest
 import torch
 
 from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
+from conftest import as_killed, assert_same_run
+from faults import Fault, SimulatedCrash, faulty_app
 from diagnostics.circuits.metrics import pack_masks, unpack_masks
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import load_arrays, model_arrays
 from fedmech_flwr.config import load_experiment
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import ClientUpdate, RoundState, decode_results, encode_results
-from fedmech_flwr.inprocess import run_in_process
+from fedmech_flwr.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.models import build_model
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.run_folder import STATE_FILE, read_records
 from flwr.app import ConfigRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,3 +190,16 @@ def test_ablations_leave_every_model_untouched():
     assert set(report) == {"global", "cross", "local"}
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_resumed_run_keeps_each_clients_previous_circuits(circuits_run, tmp_path):
+    """Killed in round 2, resumed: round 2's intra-client IoU needs round 1's circuits,
+    which only the resume point holds (the diagnostic is ``Resumable``)."""
+    plugins.load()
+    with pytest.raises(SimulatedCrash):
+        run_in_process(load_experiment(CIRCUITS_SMOKE), tmp_path, faulty_app(Fault("crash", 1, 2)))
+    [run] = list(tmp_path.iterdir())
+    as_killed(run)
+    assert any(k.startswith("diagnostic/0.circuits/") for k in load_arrays(run / STATE_FILE))
+    assert resume_in_process(run) == run
+    assert_same_run(circuits_run, run)

@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
 
-from conftest import smoke_config
-from fedmech_flwr import client_app
+from conftest import run_folders, smoke_config, without_time
+from faults import Fault, faulty_app
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
 from fedmech_flwr.config import parse_experiment
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
@@ -28,17 +26,6 @@ from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.training import evaluate
 
 CLIENTS, ROUNDS, CLASSES = 3, 2, 4
-TIME_LIKE = re.compile(r"seconds|per-s$|per_s$")
-
-
-def without_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not TIME_LIKE.search(k)} for r in records]
-
-
-def run_folders(out: Path) -> list[Path]:
-    return sorted(p for p in out.iterdir() if p.is_dir()) if out.exists() else []
-
-
 def final_weights(run: Path) -> NamedArrays:
     return load_arrays(run / "model_final.safetensors")
 
@@ -181,27 +168,9 @@ def test_clients_per_round_samples_two_of_three(tmp_path):
 
 # --- client failures --------------------------------------------------------------------
 
-def failing_app(bad_partition: int = 1, bad_round: int = 2) -> ClientApp:
-    """The real ClientApp, except partition ``bad_partition`` raises in ``bad_round``."""
-    app = ClientApp()
-
-    @app.query()
-    def identify(msg: Message, context: Context) -> Message:
-        return client_app.identify(msg, context)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        rnd = int(msg.content["config"]["server-round"])
-        if int(context.node_config["partition-id"]) == bad_partition and rnd == bad_round:
-            raise RuntimeError("injected crash")
-        return client_app.train(msg, context)
-
-    return app
-
-
 def test_failure_with_fail_policy_stops_run(tmp_path):
-    with pytest.raises(ClientFailure, match="round 2: client 1 failed \\(RuntimeError: injected crash\\)"):
-        run_in_process(smoke_config(), tmp_path, client_app=failing_app())
+    with pytest.raises(ClientFailure, match="round 2: client 1 failed \\(raised: RuntimeError: injected crash\\)"):
+        run_in_process(smoke_config(), tmp_path, client_app=faulty_app(Fault("raise", 1, 2)))
     [run] = run_folders(tmp_path)
     status = read_status(run)
     assert status["status"] == "failed"
@@ -215,7 +184,7 @@ def test_failure_with_fail_policy_stops_run(tmp_path):
 
 def test_failure_with_continue_policy_completes(tmp_path):
     cfg = smoke_config(["federation.on_client_failure=continue"])
-    run = run_in_process(cfg, tmp_path, client_app=failing_app())
+    run = run_in_process(cfg, tmp_path, client_app=faulty_app(Fault("raise", 1, 2)))
     assert read_status(run)["status"] == "completed"
     failures = read_records(run, "failure")
     assert len(failures) == 1

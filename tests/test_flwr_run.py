@@ -1,44 +1,61 @@
 """End to end through real ``flwr run`` (SuperLink, Ray): the path users take.
 
-Each run costs about 30-40 s on 2 cores (Ray start-up), so there are two: one that must
-complete, and one that must be reported as failed although ``flwr run`` itself exits 0.
+Each run costs about 30-40 s on 2 cores (Ray start-up), so there are four: one that must
+complete, one that must be reported as failed although ``flwr run`` itself exits 0, and
+one killed with SIGKILL in round 2 then resumed, which must end as the completed one did.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from fedmech_flwr.run_folder import read_records, read_status
+from conftest import assert_same_run, lost_bytes
+from fedmech_flwr.arrays import load_arrays
+from fedmech_flwr.launch import _descendants
+from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-def fedmech_run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+def fedmech_command(out: Path, *overrides: str) -> list[str]:
     cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", "experiments/smoke.yaml", "--out", str(out)]
-    for item in ("federation.num_clients=2", "federation.num_rounds=2", *overrides):
+    for item in ("federation.num_clients=2", "federation.num_rounds=3", *overrides):
         cmd += ["--set", item]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return cmd
 
 
-def test_flwr_run_completes_and_writes_the_run_folder(tmp_path):
-    done = fedmech_run(tmp_path)
+def fedmech_run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(fedmech_command(out, *overrides), cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("completed")
+    done = fedmech_run(out)
+    return next(out.iterdir()), done
+
+
+def test_flwr_run_completes_and_writes_the_run_folder(completed):
+    run_dir, done = completed
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "finished:completed" in done.stdout
-    (run_dir,) = list(tmp_path.iterdir())
     assert read_status(run_dir)["status"] == "completed"
     assert f"Run folder: {run_dir}" in done.stdout
     evals = read_records(run_dir, "eval")
-    assert [r["round"] for r in evals] == [0, 1, 2]
+    assert [r["round"] for r in evals] == [0, 1, 2, 3]
     clients = read_records(run_dir, "client")
-    assert sorted((r["round"], r["partition_id"]) for r in clients) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert sorted((r["round"], r["partition_id"]) for r in clients) == [(r, p) for r in (1, 2, 3) for p in (0, 1)]
     # One progress line per round reached the user through Flower's log stream.
-    assert "round 2/2 | test acc" in done.stdout
+    assert "round 3/3 | test acc" in done.stdout
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["packages"]["flwr"].startswith("1.42")
 
@@ -49,3 +66,42 @@ def test_a_failed_run_is_reported_as_failed(tmp_path):
     assert "finished:failed" in done.stdout
     assert "/nonexistent/fmnist" in done.stdout  # the server's error reached the user
     assert not list(tmp_path.iterdir()), "a run that failed on bad input must leave no run folder"
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything it started (SuperLink, simulation, Ray), as a
+    power cut would: nothing gets to clean up."""
+    for _ in range(3):
+        for target in [pid, *_descendants(pid)]:
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+
+
+def test_sigkill_in_round_2_then_resume_ends_as_the_uninterrupted_run(completed, tmp_path):
+    reference, _ = completed
+    proc = subprocess.Popen(fedmech_command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = list(tmp_path.iterdir())
+        if runs and (runs[0] / "metrics.jsonl").exists() and any(
+                r["round"] == 2 for r in read_records(runs[0], "client")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before round 2 could be killed"
+    kill_tree(proc.pid)
+    proc.wait()
+    (run_dir,) = list(tmp_path.iterdir())
+    assert read_status(run_dir)["status"] == "running"  # as a kill leaves it
+    assert not (run_dir / "model_final.safetensors").exists()
+    killed_after = int(load_arrays(run_dir / STATE_FILE)["round"])
+    assert killed_after in (1, 2)
+
+    resumed = subprocess.run([sys.executable, "-m", "fedmech_flwr.cli", "run", "--resume", str(run_dir)],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert f"Resuming {run_dir} after round {killed_after}" in resumed.stdout
+    assert_same_run(reference, run_dir)
+    assert lost_bytes(reference, run_dir) == 0

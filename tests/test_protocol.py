@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from conftest import outgoing, train_reply
 
 from fedmech_flwr.arrays import from_record
 from fedmech_flwr.client_app import app as client_app
@@ -102,9 +105,9 @@ def test_error_reply_with_fail_policy_raises_naming_client_and_fix(smoke_cfg, me
     with pytest.raises(ClientFailure) as info:
         proto.aggregate_train(1, replies)
     msg = str(info.value)
-    assert "round 1: client 1 failed (boom)" in msg
+    assert "round 1: client 1 failed (raised: boom)" in msg
     assert "on_client_failure is 'fail'" in msg and "'continue'" in msg
-    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "fail"}]
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "raised: boom", "policy": "fail"}]
     assert rec.clients == []
 
 
@@ -117,7 +120,7 @@ def test_continue_policy_aggregates_the_rest_and_records_failure(make_cfg, messa
     # weights 10 (pid 0, value 1) and 30 (pid 2, value 3): (10 * 1 + 30 * 3) / 40 = 2.5
     np.testing.assert_allclose(from_record(arrays)["w"], [2.5, 2.5, 2.5])
     assert strategy.orders == [[0, 2]]
-    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "boom", "policy": "continue"}]
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "raised: boom", "policy": "continue"}]
     assert rec.clients == [(1, 0, 10), (1, 2, 30)]
     assert proto.current.succeeded == (0, 2)
 
@@ -126,7 +129,7 @@ def test_missing_reply_counts_as_failure(make_cfg, messages):
     rec = Recorder()
     proto = protocol(make_cfg("federation.on_client_failure=continue", "federation.round_timeout_s=5"), recorder=rec)
     proto.aggregate_train(1, [reply(messages, 0), reply(messages, 1)])
-    assert rec.failures == [{"round": 1, "partition_id": 2, "reason": "no reply within 5s", "policy": "continue"}]
+    assert rec.failures == [{"round": 1, "partition_id": 2, "reason": "timeout: no reply within 5s", "policy": "continue"}]
 
 
 def test_fewer_than_min_replies_raises(make_cfg, messages):
@@ -212,3 +215,49 @@ def test_discover_node_that_errors():
     grid = InProcessGrid(broken, 2)
     with pytest.raises(ClientFailure, match="node 1000 failed to report its partition: RuntimeError: no partition here"):
         discover_partitions(grid, 2, timeout=5)
+
+
+# --- faults screened before aggregation, resume -----------------------------------------
+
+def test_non_finite_reply_is_dropped_before_the_strategy_sees_it(make_cfg, messages):
+    rec = Recorder()
+    strategy = OrderRecordingFedAvg()
+    proto = protocol(make_cfg("federation.on_client_failure=continue"), strategy, recorder=rec)
+    bad = messages.train(PARTITIONS[1], {"w": np.array([1, np.nan, np.inf], np.float32)}, 20, partition_id=1)
+    arrays, _ = proto.aggregate_train(1, [reply(messages, 2), bad, reply(messages, 0)])
+    assert strategy.orders == [[0, 2]]
+    np.testing.assert_allclose(from_record(arrays)["w"], [2.5, 2.5, 2.5])  # as if client 1 never answered
+    assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "non-finite weights in w", "policy": "continue"}]
+    assert rec.clients == [(1, 0, 10), (1, 2, 30)]
+
+
+def test_error_that_is_not_a_client_exception_keeps_flowers_code(make_cfg, flower_identity):
+    rec = Recorder()
+    proto = protocol(make_cfg("federation.on_client_failure=continue"), recorder=rec)
+    unavailable = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node gone"), reply_to=outgoing(PARTITIONS[0]))
+    proto.aggregate_train(1, [unavailable, *(train_reply(PARTITIONS[p], arrays_of(p), 10, partition_id=p) for p in (1, 2))])
+    assert rec.failures[0]["reason"] == f"error {ErrorCode.NODE_UNAVAILABLE}: node gone"
+
+
+class StatefulFedAvg(WeightedFedAvg):
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory = {"m": np.arange(3.0)}
+
+    def state_arrays(self):
+        return self.memory
+
+    def load_state_arrays(self, arrays):
+        self.memory = arrays
+
+
+def test_resumed_protocol_shifts_rounds_and_restores_state(smoke_cfg, messages):
+    rec = Recorder()
+    proto = RoundProtocol(StatefulFedAvg(), smoke_cfg, PARTITIONS, [], make_state, rec, resume_after=2)
+    proto.current = RoundSummary(3, (0, 1, 2))
+    proto.aggregate_train(1, [reply(messages, p) for p in range(3)])  # Flower's round 1 is round 3
+    assert [server_round for server_round, _, _ in rec.clients] == [3, 3, 3]
+    assert list(proto.state()) == ["strategy/m"]
+    fresh = RoundProtocol(StatefulFedAvg(), smoke_cfg, PARTITIONS, [], make_state, rec)
+    fresh.restore({"strategy/m": np.ones(3)})
+    np.testing.assert_array_equal(fresh.strategy.memory["m"], np.ones(3))

@@ -109,6 +109,18 @@ class Circuits(Diagnostic):
         super().__init__(params)
         self._previous: dict[int, dict[int, dict[str, np.ndarray]]] = {}
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Each client's latest class circuits, as ``<partition>/<class>/<layer>``: the
+        ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.protocol.Resumable``)."""
+        return {f"{pid}/{c}/{layer}": mask for pid, classes in self._previous.items()
+                for c, masks in classes.items() for layer, mask in masks.items()}
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self._previous = {}
+        for key, mask in arrays.items():
+            pid, c, layer = key.split("/", 2)
+            self._previous.setdefault(int(pid), {}).setdefault(int(c), {})[layer] = mask
+
     def _discover(self, model, x, y, num_classes: int, seed: tuple[int, ...]) -> dict[str, Any]:
         held = _held(y, num_classes, self.params.min_class_samples)
         start = time.perf_counter()

@@ -30,6 +30,7 @@ from diagnostics.usae.metrics import (
 from diagnostics.usae.model import USAE, USAEConfig
 from diagnostics.usae.train import train_usae
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.files import save_figure
 from fedmech_flwr.models import FedMechModel
 
 
@@ -175,12 +176,6 @@ def analyse(
 
 # --- plots ------------------------------------------------------------------------------
 
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def _labels(names: list[str], width: int = 16) -> tuple[list[str], str | None]:
     """Names short enough for tick labels, else M0, M1, ... and a key to print."""
     if max(len(n) for n in names) <= width:
@@ -211,7 +206,7 @@ def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
     fig.colorbar(im, ax=ax, shrink=0.8, label="R$^2$")
     if key:
         fig.supxlabel(key, fontsize=7)
-    out.append(_save(fig, out_dir / "usae_r2.png"))
+    out.append(save_figure(fig, out_dir / "usae_r2.png"))
 
     activity = np.asarray(metrics["activity"])
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
@@ -231,7 +226,7 @@ def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
     ax.legend(fontsize=8, loc="best")
     if key:
         fig.supxlabel(key, fontsize=7)
-    out.append(_save(fig, out_dir / "usae_activity.png"))
+    out.append(save_figure(fig, out_dir / "usae_activity.png"))
 
     label_of = dict(zip(full_names, names))
     rows = [{**r, "source": label_of[r["source"]], "target": label_of[r["target"]]} for r in metrics["stitching"]]
@@ -255,5 +250,5 @@ def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
     ax.set_ylim(0, max(110.0, float(np.nanmax([r["percent_of_own"] or 0 for r in rows])) + 5))
     if key:
         fig.supxlabel(key, fontsize=7)
-    out.append(_save(fig, out_dir / "usae_stitching.png"))
+    out.append(save_figure(fig, out_dir / "usae_stitching.png"))
     return out

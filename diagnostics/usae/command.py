@@ -32,6 +32,7 @@ from diagnostics.usae.model import USAEConfig, save_usae
 from diagnostics.usae.sources import Source, load_source_model, parse_source, unique_names
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.experiment import audit_indices, load_data
 from fedmech_flwr.training import resolve_device
 from fedmech_flwr.typed import parse_dataclass, to_plain
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"usae-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     save_usae(out / "usae.safetensors", usae)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    (out / "config.json").write_text(json.dumps({
+    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1))
+    write_text_atomic(out / "config.json", json.dumps({
         "usae": dataclasses.asdict(cfg), "preset": args.preset, "layer": args.layer, "data": split,
         "threshold": args.threshold, "max_images": args.max_images, "device": str(device),
         "sources": [{"spec": s.spec, "name": n, "config": str(s.config_path.resolve()),

@@ -177,7 +177,7 @@ def save_usae(path: str | Path, usae: USAE) -> None:
 def load_usae(path: str | Path) -> USAE:
     """A USAE written by ``save_usae``; widths and dictionary size come from its shapes
     (``decoder_norm`` constrains training only and is not stored)."""
-    arrays = load_arrays(path)
+    arrays = load_arrays(path, expected=["k", "sites.0.decoder"])
     decoders = {int(name.split(".")[1]): a for name, a in arrays.items() if name.endswith(".decoder")}
     widths = [decoders[i].shape[1] for i in range(len(decoders))]
     usae = USAE(widths, decoders[0].shape[0], int(arrays.pop("k")))

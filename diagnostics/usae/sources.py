@@ -58,8 +58,9 @@ def parse_source(spec: str) -> Source:
 def load_source_model(source: Source, device: torch.device | str = "cpu") -> FedMechModel:
     """The source's model (eval mode) with its weights."""
     model = new_model(source.cfg, load_data(source.cfg), device)
+    arrays = load_arrays(source.weights_path, expected=model.state_dict())
     try:
-        load_model_arrays(model, load_arrays(source.weights_path))
+        load_model_arrays(model, arrays)
     except ValueError as err:
         raise ConfigError(f"{source.weights_path} does not fit the model of {source.config_path}: {err}",
                           "usae sources") from err

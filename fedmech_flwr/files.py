@@ -1,0 +1,43 @@
+"""Files that a kill never leaves half-written.
+
+Every file of a run folder is written to a hidden temporary name next to it, flushed to
+disk, then renamed over the target: a reader sees the old file or the new one, never a
+truncated one. Leftover temporaries of a killed writer match ``TEMPORARY_GLOB``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+TEMPORARY_GLOB = ".*.tmp.*"
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Call ``write(temporary_path)``, fsync it, then rename it to ``path``.
+
+    The temporary name keeps the suffix, so writers that infer the format from it
+    (matplotlib) still work.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    write(tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Save a matplotlib figure (format from the suffix, 120 dpi), atomically."""
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120))

@@ -1,0 +1,312 @@
+"""Long runs that survive: client faults, divergence, kill-and-resume, atomic and safe files.
+
+Faults are injected with ``tests/faults.py`` into tiny in-process runs of the smoke
+config; each test asserts what was kept, what was dropped and what was reported. The
+real ``flwr run`` + SIGKILL case is in ``test_flwr_run.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+
+from conftest import as_killed, assert_same_run, run_folders, smoke_config
+from faults import INJECTED, Fault, SimulatedCrash, faulty_app
+from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
+from fedmech_flwr.cli import EXIT_BAD_INPUT, main
+from fedmech_flwr.errors import BadFileError, RunFolderError
+from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
+from fedmech_flwr.inprocess import resume_in_process, run_in_process
+from fedmech_flwr.protocol import ClientFailure
+from fedmech_flwr.run_folder import STATE_FILE, RunFolder, read_records, read_status
+from fedmech_flwr.server import Diverged
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from strategies.fedavg import WeightedFedAvg
+
+ROUNDS = 3
+LONG = ["federation.num_rounds=3", "federation.checkpoint_every=2"]
+"""Three rounds, numbered checkpoints after rounds 2 and 3 (the last), a resume point every round."""
+CONTINUE = "federation.on_client_failure=continue"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted three-round run to compare resumed runs with."""
+    return run_in_process(smoke_config(LONG), tmp_path_factory.mktemp("reference"))
+
+
+# --- client faults ----------------------------------------------------------------------
+
+def test_nan_weights_are_dropped_before_aggregation_and_recorded(tmp_path):
+    run = run_in_process(smoke_config([CONTINUE]), tmp_path, faulty_app(Fault("nan", 1, 2)))
+    assert read_status(run)["status"] == "completed"
+    [failure] = read_records(run, "failure")
+    assert failure == {"kind": "failure", "round": 2, "partition_id": 1, "policy": "continue",
+                       "reason": "non-finite weights in conv1.weight"}
+    assert sorted((r["round"], r["partition_id"]) for r in read_records(run, "client")) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 2)]
+    assert read_records(run, "eval")[2]["clients_succeeded"] == [0, 2]
+    for path in [*run.glob("checkpoints/*.safetensors"), run / "model_final.safetensors", run / STATE_FILE]:
+        assert non_finite(load_arrays(path)) == [], path
+    assert all(math.isfinite(r["loss"]) for r in read_records(run, "eval"))
+
+
+def test_inf_weights_with_fail_policy_stop_the_run(tmp_path):
+    with pytest.raises(ClientFailure, match=r"round 2: client 1 failed \(non-finite weights in conv1.weight\)"):
+        run_in_process(smoke_config(), tmp_path, faulty_app(Fault("inf", 1, 2)))
+    [run] = run_folders(tmp_path)
+    assert read_status(run)["status"] == "failed" and "non-finite weights" in read_status(run)["error"]
+    assert [(f["round"], f["partition_id"], f["policy"]) for f in read_records(run, "failure")] == [(2, 1, "fail")]
+    assert load_arrays(run / STATE_FILE)["round"] == 1  # round 1 stays the resume point
+
+
+def test_hanging_client_is_dropped_after_the_round_timeout(tmp_path):
+    cfg = smoke_config([CONTINUE, "federation.round_timeout_s=3"])
+    run = run_in_process(cfg, tmp_path, faulty_app(Fault("hang", 2, 2)))
+    assert read_status(run)["status"] == "completed"
+    [failure] = read_records(run, "failure")
+    assert (failure["round"], failure["partition_id"], failure["reason"]) == (2, 2, "timeout: no reply within 3s")
+    assert read_records(run, "eval")[2]["clients_succeeded"] == [0, 1]
+    assert [r["partition_id"] for r in read_records(run, "client") if r["round"] == 2] == [0, 1]
+
+
+# --- divergence -------------------------------------------------------------------------
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_state(tmp_path):
+    with pytest.raises(Diverged, match=r"round 2: the global model diverged \(test loss (nan|inf)\)") as info:
+        run_in_process(smoke_config(), tmp_path, faulty_app(Fault("explode", 0, 2)))
+    assert "last good model is round 1's" in str(info.value)
+    [run] = run_folders(tmp_path)
+    status = read_status(run)
+    assert status["status"] == "failed" and "Diverged: round 2" in status["error"]
+    evals = read_records(run, "eval")
+    assert [r["round"] for r in evals] == [0, 1, 2] and not math.isfinite(evals[2]["loss"])  # reported
+    state = load_arrays(run / STATE_FILE)
+    assert state["round"] == 1  # kept: round 1's state, not overwritten by round 2's
+    round_1 = load_arrays(run / "checkpoints" / "round_001.safetensors")
+    assert all(state[f"model/{k}"].tobytes() == v.tobytes() for k, v in round_1.items())
+    assert not (run / "checkpoints" / "round_002.safetensors").exists()  # dropped
+    assert not (run / "model_final.safetensors").exists()
+
+
+# --- kill and resume --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """Where a simulated kill lands: in a client's training, or just before a RunFolder write."""
+
+    name: str
+    method: str | None
+    round: int
+    partial_records: int
+    """Records the killed round had written (3 clients, 1 diagnostic, its eval)."""
+    torn_line: bool = False
+
+
+CRASH_POINTS = [
+    CrashPoint("in client 2's training in round 2", None, 2, 0),
+    CrashPoint("after round 2's client and diagnostic files, before its eval", "eval", 2, 4, torn_line=True),
+    CrashPoint("after round 2's eval and before its checkpoint and commit", "checkpoint", 2, 5),
+    CrashPoint("before round 0 was committed", "eval", 0, 0),
+]
+
+
+def crash_before(monkeypatch, method: str, at_round: int) -> None:
+    original = getattr(RunFolder, method)
+
+    def crashing(self, server_round, *args):
+        if server_round == at_round:
+            INJECTED["crash"] += 1
+            raise SimulatedCrash(f"killed before RunFolder.{method} of round {at_round}")
+        return original(self, server_round, *args)
+
+    monkeypatch.setattr(RunFolder, method, crashing)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS, ids=lambda p: p.name)
+def test_killed_run_resumes_to_the_same_records_and_weights(point, reference, tmp_path, monkeypatch):
+    app = faulty_app(Fault("crash", 2, point.round)) if point.method is None else None
+    with monkeypatch.context() as patch:
+        if point.method:
+            crash_before(patch, point.method, point.round)
+        with pytest.raises(SimulatedCrash):
+            run_in_process(smoke_config(LONG), tmp_path, app)
+    [run] = run_folders(tmp_path)
+    as_killed(run)
+    if point.torn_line:
+        with open(run / "metrics.jsonl", "a") as fh:
+            fh.write('{"kind": "client", "round": 2, "partition_id": 0, "train-lo')
+    assert not (run / "model_final.safetensors").exists()
+    records = read_records(run) if (run / "metrics.jsonl").exists() else []
+    assert len([r for r in records if r["round"] == point.round]) == point.partial_records
+    committed = point.round - 1 if point.round else None
+    assert (load_arrays(run / STATE_FILE)["round"] if (run / STATE_FILE).exists() else None) == committed
+
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+    assert not list(run.rglob(TEMPORARY_GLOB))
+
+
+def test_resume_of_a_run_killed_after_its_last_round_only_finishes_it(reference, tmp_path):
+    run = Path(shutil.copytree(reference, tmp_path / "run"))
+    (run / "model_final.safetensors").unlink()
+    as_killed(run)
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+
+
+class ServerMomentum(WeightedFedAvg):
+    """FedAvg with server momentum (FedAvgM, Hsu et al. 2019): state across rounds,
+    saved and restored through the ``Resumable`` hook."""
+
+    def __init__(self, beta: float) -> None:
+        super().__init__(**OFFERED_NODES_ONLY)
+        self.beta = beta
+        self.velocity: NamedArrays = {}
+        self.sent: NamedArrays = {}
+
+    def configure_train(self, server_round, arrays: ArrayRecord, config: ConfigRecord, grid):
+        self.sent = from_record(arrays)
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        mean = from_record(arrays)
+        for k, v in mean.items():
+            if v.dtype == np.float32:
+                self.velocity[k] = self.beta * self.velocity.get(k, 0.0) + (self.sent[k] - v)
+                mean[k] = (self.sent[k] - self.velocity[k]).astype(np.float32)
+        return to_record(mean), metrics
+
+    def state_arrays(self) -> NamedArrays:
+        return dict(self.velocity)
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None:
+        self.velocity = dict(arrays)
+
+
+@dataclass
+class MomentumConfig:
+    beta: float = 0.5
+
+
+STRATEGIES.register("test_server_momentum", MomentumConfig)(lambda params, ctx: ServerMomentum(params.beta))
+
+
+def test_strategy_state_survives_a_resume(tmp_path):
+    momentum = LONG + ["strategy={name: test_server_momentum, beta: 0.5}"]
+    reference = run_in_process(smoke_config(momentum), tmp_path / "reference")
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(momentum), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
+    [run] = run_folders(tmp_path / "killed")
+    as_killed(run)
+    state = load_arrays(run / STATE_FILE)
+    assert state["round"] == 2 and "strategy/conv1.weight" in state
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+
+
+# --- what resume refuses ----------------------------------------------------------------
+
+def test_resume_refuses_what_it_cannot_continue(smoke_run, tmp_path):
+    with pytest.raises(RunFolderError, match="is not a fedmech run folder \\(no config.yaml or status.json\\)"):
+        resume_in_process(tmp_path)
+    with pytest.raises(RunFolderError, match="holds a completed run: nothing to resume"):
+        resume_in_process(smoke_run)
+    run = Path(shutil.copytree(smoke_run, tmp_path / "live"))
+    RunFolder(run).set_status("running")  # this very process is its writer
+    with pytest.raises(RunFolderError, match="still being written by process"):
+        resume_in_process(run)
+
+
+def test_cli_resume_refuses_another_config(smoke_run, tmp_path, capsys):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
+    as_killed(run)
+    smoke = str(Path(__file__).parents[1] / "experiments" / "smoke.yaml")
+    assert main(["run", "--resume", str(run), smoke, "--set", "federation.num_rounds=5"]) == EXIT_BAD_INPUT
+    assert "changes federation.num_rounds; drop the experiment file and --set" in capsys.readouterr().err
+    assert main(["run", "--resume", str(run), "--set", "seed=3"]) == EXIT_BAD_INPUT
+    assert "--set cannot change a resumed run" in capsys.readouterr().err
+    assert main(["run", "--resume", str(smoke_run)]) == EXIT_BAD_INPUT
+    assert "completed run" in capsys.readouterr().err
+    assert main(["run"]) == EXIT_BAD_INPUT
+    assert "give an experiment file, or --resume RUN_DIR" in capsys.readouterr().err
+
+
+# --- damaged files ----------------------------------------------------------------------
+
+def killed_copy(smoke_run: Path, tmp_path: Path) -> Path:
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
+    as_killed(run)
+    return run
+
+
+def test_truncated_resume_point_gives_a_clear_error(smoke_run, tmp_path):
+    run = killed_copy(smoke_run, tmp_path)
+    data = (run / STATE_FILE).read_bytes()
+    (run / STATE_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadFileError, match="state.safetensors is not a readable safetensors file") as info:
+        resume_in_process(run)
+    assert "truncated or foreign" in str(info.value)
+    assert len(read_records(run, "eval")) == 3  # nothing was rewound
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [({"x": np.zeros(2, np.float32)}, r"lacks arrays \['round'\]"),
+     ({"round": np.asarray(1), "model/x": np.zeros(2, np.float32)}, "does not fit the model of .*config.yaml")],
+    ids=["foreign", "another model"],
+)
+def test_foreign_resume_point_gives_a_clear_error(smoke_run, tmp_path, arrays, message):
+    run = killed_copy(smoke_run, tmp_path)
+    save_arrays(run / STATE_FILE, arrays)
+    with pytest.raises(BadFileError, match=message):
+        resume_in_process(run)
+    assert len(read_records(run, "eval")) == 3  # nothing was rewound
+
+
+def test_pickle_checkpoint_is_refused_by_usae_without_loading_it(smoke_run, tmp_path, capsys):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
+    (run / "checkpoints" / "round_001.safetensors").write_bytes(b"\x80\x04\x95 a pickle, never unpickled" * 8)
+    assert main(["usae", str(smoke_run), f"{run}@1", "--layer", "conv2", "--out", str(tmp_path / "u")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "round_001.safetensors is not a readable safetensors file" in err and "Traceback" not in err
+
+
+def test_torn_last_metrics_line_is_skipped_with_a_warning(smoke_run, tmp_path, caplog):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
+    whole = read_records(run)
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"kind": "eval", "rou')
+    with caplog.at_level(logging.WARNING):
+        assert read_records(run) == whole
+    assert "skipping the torn last line" in caplog.text
+
+
+def test_damaged_metrics_line_before_the_end_is_an_error(smoke_run, tmp_path):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    with pytest.raises(RunFolderError, match="metrics.jsonl, line 2: expected one JSON record per line"):
+        read_records(run)
+
+
+def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "status.json"
+    path.write_text("old")
+
+    def half_then_killed(tmp: Path) -> None:
+        tmp.write_text("ne")
+        raise SimulatedCrash("killed while writing")
+
+    with pytest.raises(SimulatedCrash):
+        write_atomic(path, half_then_killed)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.glob(TEMPORARY_GLOB)] == [".status.tmp.json"]
