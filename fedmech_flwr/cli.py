@@ -1,13 +1,15 @@
 """``fedmech``: run, validate and plot experiments. The only module that prints.
 
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
+    fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech plot RUN_DIR
     fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
 
 ``run`` validates the experiment, then runs it with real ``flwr run`` on a private
-local simulation SuperLink, and exits 0 only when the run completed (Flower's own run
-status, and the run folder's).
+local simulation SuperLink; ``deploy-local`` runs it on a private local Deployment Engine
+(a SuperLink and one SuperNode per client, optionally with TLS and SuperNode auth). Both
+exit 0 only when the run completed (Flower's own run status, and the run folder's).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import load_experiment
+from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.launch import LaunchResult, deploy_local, launch
 from fedmech_flwr.run_folder import read_status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -44,8 +47,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from fedmech_flwr.launch import launch
+def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, str]]:
+    """The validated config, a fresh run folder path and the run config ``flwr run`` gets."""
     from fedmech_flwr.server import output_root
 
     cfg = _validate(args)
@@ -61,8 +64,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         "out": str(root),
         "run-dir": str(run_dir),
     }
-    sim = cfg.simulation
-    result = launch(run_config, cfg.federation.num_clients, sim.cpus_per_client, sim.gpus_per_client)
+    return cfg, run_dir, run_config
+
+
+def _report(result: LaunchResult, run_dir: Path) -> int:
+    """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``."""
     folder_status = read_status(run_dir)["status"]
     print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
     if result.ok and folder_status == "completed":
@@ -71,6 +77,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if folder_status == "failed":
         print(f"Error: {read_status(run_dir).get('error')}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg, run_dir, run_config = _prepare_run(args)
+    return _report(launch(run_config, cfg.federation.num_clients, cfg.simulation), run_dir)
+
+
+def cmd_deploy_local(args: argparse.Namespace) -> int:
+    cfg, run_dir, run_config = _prepare_run(args)
+    result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
+                          certs=args.certs, port=args.port)
+    return _report(result, run_dir)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -86,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_text in (
         ("run", cmd_run, "run an experiment with flwr run (local simulation)"),
+        ("deploy-local", cmd_deploy_local, "run an experiment on a local SuperLink and SuperNodes (Deployment Engine)"),
         ("validate", cmd_validate, "check an experiment file without running it"),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -93,7 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set federation.num_rounds=2 (repeatable)")
         p.set_defaults(fn=fn)
-    sub.choices["run"].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    for name in ("run", "deploy-local"):
+        sub.choices[name].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    deploy = sub.choices["deploy-local"]
+    deploy.add_argument("--tls", action="store_true", help="TLS between SuperLink, SuperNodes and flwr")
+    deploy.add_argument("--auth", action="store_true",
+                        help="SuperNode authentication: only registered node keys may join (implies --tls)")
+    deploy.add_argument("--certs", type=Path, metavar="DIR",
+                        help="TLS credentials and node keys made by scripts/make_certs.sh DIR N (implies --tls; "
+                             "default: fresh ones for this run)")
+    deploy.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
@@ -107,11 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` stops the
-    # SuperLink and simulation it started instead of leaving them behind.
+    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` and `deploy-local`
+    # stop the SuperLink, SuperNodes and simulation they started instead of leaving them behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedmech_flwr.launch").setLevel(logging.INFO)  # what it started, and where
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError, FileExistsError) as err:

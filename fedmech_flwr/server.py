@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 def output_root(cfg: ExperimentConfig, out: str | None = None) -> Path:
     """``--out`` beats ``FEDMECH_OUT`` beats the config's ``output_root``."""
     return Path(out or os.environ.get("FEDMECH_OUT") or cfg.output_root).expanduser().resolve()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (``ru_maxrss`` is KiB on Linux).
+
+    Logged every round: with client sampling, the server holds only the sampled clients'
+    models, so this must not grow with ``federation.num_clients``.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_experiment(
@@ -109,7 +119,7 @@ def _run_rounds(grid, cfg, folder, partitions, model, initial, strategy, diagnos
             "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
             "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
-            "train_round_seconds": summary.train_seconds,
+            "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
         })
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             folder.checkpoint(server_round, named)

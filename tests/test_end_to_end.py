@@ -28,11 +28,12 @@ from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.training import evaluate
 
 CLIENTS, ROUNDS, CLASSES = 3, 2, 4
-TIME_LIKE = re.compile(r"seconds|per-s$|per_s$")
+MEASURED = re.compile(r"seconds|per-s$|per_s$|rss_mb$")
+"""Keys of timings and memory: measured, so never reproducible."""
 
 
-def without_time(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not TIME_LIKE.search(k)} for r in records]
+def without_measured(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not MEASURED.search(k)} for r in records]
 
 
 def run_folders(out: Path) -> list[Path]:
@@ -83,6 +84,7 @@ def test_metrics_records(smoke_run, smoke_cfg):
         assert len(r["per_class_accuracy"]) == CLASSES
         assert set(r["layer_sparsity"]) == {"conv1.weight", "conv2.weight", "head.weight"}
         assert r["clients_sampled"] == r["clients_succeeded"] == ([] if r["round"] == 0 else [0, 1, 2])
+        assert r["server_peak_rss_mb"] > 10  # the server process's peak RSS so far
     assert evals[0]["sparsity"] == 0.0  # the initial model is dense
 
     clients = read_records(smoke_run, "client")
@@ -148,7 +150,7 @@ def test_plots_exist(smoke_run):
 
 def test_same_seed_reproduces_records_and_weights(smoke_run, tmp_path):
     again = run_in_process(smoke_config(), tmp_path)
-    assert without_time(read_records(again)) == without_time(read_records(smoke_run))
+    assert without_measured(read_records(again)) == without_measured(read_records(smoke_run))
     a, b = final_weights(smoke_run), final_weights(again)
     assert list(a) == list(b)
     for k in a:
@@ -160,7 +162,7 @@ def test_different_seed_differs(smoke_run, tmp_path):
     other = run_in_process(smoke_config(["seed=1"]), tmp_path)
     a, b = final_weights(smoke_run), final_weights(other)
     assert any(a[k].tobytes() != b[k].tobytes() for k in a)
-    assert without_time(read_records(other, "eval")) != without_time(read_records(smoke_run, "eval"))
+    assert without_measured(read_records(other, "eval")) != without_measured(read_records(smoke_run, "eval"))
 
 
 # --- sampling ---------------------------------------------------------------------------
