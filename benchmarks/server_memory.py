@@ -26,8 +26,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "smoke.yaml"
+MODEL = "model={name: simple_cnn, channels: [64, 128, 256]}"
+"""The paper's SimpleCNN widths (1.4 MiB of weights): big enough that a server keeping
+every client's model would show (1,000 x 1.4 MiB), small enough to train in seconds."""
 SAMPLES_PER_CLIENT = 20
 """Training samples of each sampled client per round (the same at every client count)."""
+
+
+def model_mib() -> float:
+    """Size of one model's weights, MiB."""
+    from fedmech_flwr import plugins
+    from fedmech_flwr.config import load_experiment
+    from fedmech_flwr.experiment import load_data, new_model
+
+    plugins.load()
+    cfg = load_experiment(EXPERIMENT, [MODEL])
+    return sum(t.numel() * t.element_size() for t in new_model(cfg, load_data(cfg)).state_dict().values()) / 2**20
 
 
 def peak_rss(num_clients: int, num_train: int, per_round: int, rounds: int) -> tuple[float, float]:
@@ -37,6 +51,7 @@ def peak_rss(num_clients: int, num_train: int, per_round: int, rounds: int) -> t
 
     overrides = [
         f"name=server-memory-{num_clients}",
+        MODEL,
         f"federation.num_clients={num_clients}",
         f"federation.clients_per_round={per_round}",
         f"federation.num_rounds={rounds}",
@@ -71,7 +86,8 @@ def main() -> None:
         print(f"{n:>6} clients, {args.per_round} per round, {args.rounds} rounds: "
               f"ServerApp peak RSS {results[n][0]:.0f} MiB  (run {results[n][1]:.0f} s)", flush=True)
     small, large = args.clients
-    print(f"ratio {large} / {small} clients: {results[large][0] / results[small][0]:.3f}")
+    print(f"ratio {large} / {small} clients: {results[large][0] / results[small][0]:.3f} "
+          f"(keeping every client's model would add {(large - small) * model_mib():.0f} MiB to the larger run)")
 
 
 if __name__ == "__main__":

@@ -117,9 +117,15 @@ def _bin(name: str) -> str:
 
 class _LocalFlower:
     """A private FLWR_HOME with one SuperLink connection, its environment, and every
-    process started in it (``close`` stops them all)."""
+    process started in it (``close`` stops them all).
 
-    def __init__(self, home: Path, port: int, ca: Path | None, extra_env: dict[str, str]) -> None:
+    Ray, if a simulation starts it, is private too (its own RAY_TMPDIR), unless
+    ``ray_address`` names a cluster: then ``ray.init`` gets it as ``RAY_ADDRESS`` (Flower's
+    backend config has no address field) and the user's RAY_TMPDIR, where ``ray start``
+    left the address that ``auto`` looks up.
+    """
+
+    def __init__(self, home: Path, port: int, ca: Path | None = None, ray_address: str | None = None) -> None:
         self.home, self.port, self.ca = home, port, ca
         (home / LOGS_DIR).mkdir()
         tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
@@ -127,8 +133,8 @@ class _LocalFlower:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
         )
-        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray"),
-                    "FEDMECH_PROJECT_DIR": str(APP_DIR), **extra_env}
+        ray = {"RAY_ADDRESS": ray_address} if ray_address else {"RAY_TMPDIR": str(home / "ray")}
+        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR), **ray}
         # SuperLink and SuperNodes start flower-superexec, flwr-serverapp, ... by name.
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env.setdefault("UV_CACHE_DIR", str(home / "uv"))
@@ -238,13 +244,11 @@ def _quote(value: str) -> str:
 def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig) -> LaunchResult:
     """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink.
 
-    The clients' resources go to Flower's Ray backend through ``--federation-config``; a
-    ``sim.ray_address`` reaches ``ray.init`` as ``RAY_ADDRESS`` (Flower's backend config has
-    no address field, and ``ray.init()`` reads that variable).
+    The clients' resources go to Flower's Ray backend through ``--federation-config``;
+    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray.
     """
-    extra_env = {"RAY_ADDRESS": sim.ray_address} if sim.ray_address else {}
     with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp, ExitStack() as stack:
-        flower = _LocalFlower(Path(tmp), _free_port(), None, extra_env)
+        flower = _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address)
         stack.callback(flower.close)
         flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
         if sim.ray_address:
@@ -280,7 +284,7 @@ def deploy_local(
         if tls:
             creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
             creds.check(num_nodes, auth)
-        flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None, {})
+        flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
         stack.callback(_keep_logs, flower, Path(run_config["run-dir"]))
         stack.callback(flower.close)
         if creds:
@@ -331,9 +335,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a Flower process and everything it started (simulation, Ray, ClientApps),
-    SIGKILL if need be."""
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop a process and everything it started (simulation, Ray, ClientApps): SIGTERM,
+    then SIGKILL to whatever is still alive after ``grace_s``."""
     pids = [proc.pid, *_descendants(proc.pid)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
@@ -341,7 +345,7 @@ def _stop(proc: subprocess.Popen) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.2)
         if not any(_alive(pid) for pid in pids):

@@ -157,7 +157,7 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path):
         assert run.wait(timeout=420) == 0, (tmp_path / "fedmech.log").read_text()[-4000:]
         drivers = list(ray_dir.glob("session_latest/logs/python-core-driver-*.log"))
     finally:
-        _stop(head)  # not `ray stop`: that stops every Ray instance on the machine
+        _stop(head, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
         shutil.rmtree(ray_dir, ignore_errors=True)
     output = (tmp_path / "fedmech.log").read_text()
     assert f"simulation uses the existing Ray cluster at 127.0.0.1:{port}" in output
