@@ -133,8 +133,12 @@ class _LocalFlower:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
         )
-        ray = {"RAY_ADDRESS": ray_address} if ray_address else {"RAY_TMPDIR": str(home / "ray")}
-        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR), **ray}
+        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR)}
+        if ray_address:
+            self.env["RAY_ADDRESS"] = ray_address
+        else:  # a private Ray, whatever RAY_ADDRESS the user's shell may hold
+            self.env.pop("RAY_ADDRESS", None)
+            self.env["RAY_TMPDIR"] = str(home / "ray")
         # SuperLink and SuperNodes start flower-superexec, flwr-serverapp, ... by name.
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env.setdefault("UV_CACHE_DIR", str(home / "uv"))
