@@ -1,10 +1,10 @@
 """Deployment and scale-out: ``fedmech deploy-local`` (SuperLink + SuperNodes, TLS, SuperNode
 auth), an existing Ray cluster for simulation, and the node-side data path.
 
-The integration tests start real Flower and Ray processes (about 30-60 s each on 2 cores):
-one TLS + auth deployment that must complete while an unregistered node is refused, one
-deployment stopped with SIGTERM that must leave nothing behind, and one simulation on a
-Ray head started here.
+The integration tests start real Flower and Ray processes: one TLS + auth deployment that
+must complete while an unregistered node is refused (about 2 min on 2 busy cores: every
+ClientApp message starts a process), one deployment stopped with SIGTERM that must leave
+nothing behind (about 20 s), and one simulation on a Ray head started here (about 1 min).
 """
 
 from __future__ import annotations
