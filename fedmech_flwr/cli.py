@@ -2,13 +2,15 @@
 
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
     fedmech run --resume RUN_DIR   (continue a killed run from its last completed round)
+    fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech plot RUN_DIR
     fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
 
 ``run`` validates the experiment, then runs it with real ``flwr run`` on a private
-local simulation SuperLink, and exits 0 only when the run completed (Flower's own run
-status, and the run folder's).
+local simulation SuperLink; ``deploy-local`` runs it on a private local Deployment Engine
+(a SuperLink and one SuperNode per client, optionally with TLS and SuperNode auth). Both
+exit 0 only when the run completed (Flower's own run status, and the run folder's).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
 from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
+from fedmech_flwr.launch import LaunchResult, deploy_local, launch
 from fedmech_flwr.run_folder import CONFIG_FILE, RunFolder, read_status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -43,6 +46,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"client {cfg.client.name}, pruning {cfg.pruning.mode}"
     )
     return EXIT_OK
+
+
+def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, str]]:
+    """The validated config, a fresh run folder path and the run config ``flwr run`` gets."""
+    from fedmech_flwr.server import output_root
+
+    cfg = _validate(args)
+    root = output_root(cfg, args.out)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{cfg.name}-{stamp}"
+    suffix = 1
+    while run_dir.exists():
+        run_dir, suffix = root / f"{cfg.name}-{stamp}-{suffix}", suffix + 1
+    run_config = {
+        "experiment": str(Path(args.experiment).resolve()),
+        "overrides": json.dumps(args.set),
+        "out": str(root),
+        "run-dir": str(run_dir),
+    }
+    return cfg, run_dir, run_config
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -74,31 +97,8 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     return cfg, run_dir
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from fedmech_flwr.launch import launch
-    from fedmech_flwr.server import output_root
-
-    if args.resume:
-        cfg, run_dir = _resumed(args)
-        run_config = {"resume": str(run_dir)}
-    elif not args.experiment:
-        raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
-    else:
-        cfg = _validate(args)
-        root = output_root(cfg, args.out)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run_dir = root / f"{cfg.name}-{stamp}"
-        suffix = 1
-        while run_dir.exists():
-            run_dir, suffix = root / f"{cfg.name}-{stamp}-{suffix}", suffix + 1
-        run_config = {
-            "experiment": str(Path(args.experiment).resolve()),
-            "overrides": json.dumps(args.set),
-            "out": str(root),
-            "run-dir": str(run_dir),
-        }
-    sim = cfg.simulation
-    result = launch(run_config, cfg.federation.num_clients, sim.cpus_per_client, sim.gpus_per_client)
+def _report(result: LaunchResult, run_dir: Path) -> int:
+    """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``."""
     folder_status = read_status(run_dir)["status"]
     print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
     if result.ok and folder_status == "completed":
@@ -107,6 +107,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if folder_status == "failed":
         print(f"Error: {read_status(run_dir).get('error')}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.resume:
+        cfg, run_dir = _resumed(args)
+        run_config = {"resume": str(run_dir)}
+    elif not args.experiment:
+        raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
+    else:
+        cfg, run_dir, run_config = _prepare_run(args)
+    return _report(launch(run_config, cfg.federation.num_clients, cfg.simulation), run_dir)
+
+
+def cmd_deploy_local(args: argparse.Namespace) -> int:
+    cfg, run_dir, run_config = _prepare_run(args)
+    result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
+                          certs=args.certs, port=args.port)
+    return _report(result, run_dir)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -122,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_text, nargs in (
         ("run", cmd_run, "run an experiment with flwr run (local simulation)", "?"),  # optional with --resume
+        ("deploy-local", cmd_deploy_local, "run an experiment on a local SuperLink and SuperNodes (Deployment Engine)",
+         None),
         ("validate", cmd_validate, "check an experiment file without running it", None),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -129,10 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set federation.num_rounds=2 (repeatable)")
         p.set_defaults(fn=fn)
-    run = sub.choices["run"]
-    run.add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue a killed or failed run in its folder, from its last completed round")
+    for name in ("run", "deploy-local"):
+        sub.choices[name].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+    sub.choices["run"].add_argument("--resume", metavar="RUN_DIR",
+                                    help="continue a killed or failed run in its folder, from its last completed round")
+    deploy = sub.choices["deploy-local"]
+    deploy.add_argument("--tls", action="store_true", help="TLS between SuperLink, SuperNodes and flwr")
+    deploy.add_argument("--auth", action="store_true",
+                        help="SuperNode authentication: only registered node keys may join (implies --tls)")
+    deploy.add_argument("--certs", type=Path, metavar="DIR",
+                        help="TLS credentials and node keys made by scripts/make_certs.sh DIR N (implies --tls; "
+                             "default: fresh ones for this run)")
+    deploy.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
@@ -146,11 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` stops the
-    # SuperLink and simulation it started instead of leaving them behind.
+    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` and `deploy-local`
+    # stop the SuperLink, SuperNodes and simulation they started instead of leaving them behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedmech_flwr.launch").setLevel(logging.INFO)  # what it started, and where
     try:
         return args.fn(args)
     except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:

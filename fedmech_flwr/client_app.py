@@ -24,6 +24,7 @@ client's whole shard (``stats``: counts, sums, second moments; no samples leave)
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -34,7 +35,8 @@ from flwr.clientapp import ClientApp
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
-from fedmech_flwr.config import ExperimentConfig, experiment_from_json
+from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.heads import class_stats, features
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
@@ -65,6 +67,25 @@ def _partition(context: Context) -> tuple[int, int]:
         ) from err
 
 
+def node_dataset(cfg: ExperimentConfig, node_config: dict[str, Any]) -> ExperimentConfig:
+    """``cfg`` with ``data.dataset.root`` replaced by the node's ``data-root``, if it has one.
+
+    A real device keeps its copy of the dataset where it likes and says so with
+    ``flower-supernode --node-config "partition-id=I num-partitions=N data-root=/path"``;
+    every node must hold the same dataset (each derives its shard from the whole).
+    """
+    if "data-root" not in node_config:
+        return cfg
+    dataset = cfg.data.dataset
+    if not any(f.name == "root" for f in dataclasses.fields(dataset.params)):
+        raise ConfigError(
+            f"this node's node-config sets data-root={node_config['data-root']!r}, but dataset "
+            f"'{dataset.name}' has no root to replace; drop data-root from --node-config"
+        )
+    params = dataclasses.replace(dataset.params, root=str(node_config["data-root"]))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=Component(dataset.name, params)))
+
+
 def _decode(value: Any) -> Any:
     """NumPyClient metrics are scalars; ours carry lists and dicts as JSON strings."""
     try:
@@ -76,7 +97,7 @@ def _decode(value: Any) -> Any:
 def _setup(msg: Message, context: Context):
     """The config, round, partition-id, device, data shard and a fresh model for ``msg``."""
     config = msg.content["config"]
-    cfg = _config(str(config[CONFIG_KEY]))
+    cfg = node_dataset(_config(str(config[CONFIG_KEY])), context.node_config)
     pid, total = _partition(context)
     if total != cfg.federation.num_clients:
         raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -151,12 +152,16 @@ class FederationConfig:
 
 @dataclass
 class SimulationConfig:
-    """Resources of each simulated client (Ray); ignored by the Deployment Engine."""
+    """Where and with what the simulated clients run (Ray). The Deployment Engine ignores
+    all but ``cpus_per_client`` (the torch thread count of every client)."""
 
     cpus_per_client: int = field(default=1, metadata={"ge": 1})
-    """CPU cores per client; also the client's torch thread count."""
+    """CPU cores per client (Ray resource); also the client's torch thread count."""
     gpus_per_client: float = field(default=0.0, metadata={"ge": 0.0, "le": 1.0})
     """Fraction of a GPU per client, e.g. 0.25 runs four clients per GPU."""
+    ray_address: str | None = None
+    """An existing Ray cluster to run on: ``auto`` (the one started on this machine with
+    ``ray start``) or its ``HOST:PORT``; null starts a private Ray instance per run."""
 
 
 @dataclass
@@ -200,6 +205,13 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
             f"{where}federation.min_replies",
         )
     _check_pairing(cfg, where)
+    address = cfg.simulation.ray_address
+    if address is not None and address != "auto" and not re.fullmatch(r"[\w.\-]+:\d+", address):
+        raise ConfigError(
+            f"ray_address must be 'auto', HOST:PORT (the address `ray start --head` prints) or null, "
+            f"got {address!r}",
+            f"{where}simulation.ray_address",
+        )
     root = cfg.output_root
     if not (Path(root).is_absolute() or root.startswith("~")):
         raise ConfigError(

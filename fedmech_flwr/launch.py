@@ -1,12 +1,20 @@
-"""Run an experiment with real ``flwr run`` on a private, short-lived local SuperLink.
+"""Run an experiment with real ``flwr run`` on a private, short-lived local Flower.
 
-Each launch starts its own ``flower-superlink --simulation`` on free ports, from a
-neutral working directory, with its own FLWR_HOME, so runs never pick up another
-checkout's code through a shared managed SuperLink (Ray actors put the SuperLink's
-working directory first on ``sys.path``). Runtime dependency installation is off (it
-would ``uv sync`` a fresh environment over the installed torch). The run's real status
-is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed), and
-everything started here is stopped before returning.
+Two engines, one machinery:
+
+- ``launch``: a ``flower-superlink --simulation`` (Ray runs the clients; or an existing
+  Ray cluster when ``simulation.ray_address`` is set);
+- ``deploy_local``: the Deployment Engine on localhost, a ``flower-superlink`` and N
+  ``flower-supernode`` processes (each told its partition through ``--node-config``),
+  optionally with TLS and SuperNode authentication.
+
+Each launch uses free ports, a neutral working directory and its own FLWR_HOME, so runs
+never pick up another checkout's code through a shared managed SuperLink (Ray actors put
+the SuperLink's working directory first on ``sys.path``). Runtime dependency installation
+is off (it would ``uv sync`` a fresh environment over the installed torch). The run's real
+status is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed),
+and everything started here is stopped before returning, also on an exception or SIGTERM
+(which the CLI turns into one).
 """
 
 from __future__ import annotations
@@ -18,14 +26,18 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.config import SimulationConfig
+from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,9 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "PYTHONUNBUFFERED": "1",
 }
+MAKE_CERTS = APP_DIR / "scripts" / "make_certs.sh"
+NODES_TIMEOUT_S = 120.0
+"""How long ``deploy_local`` waits for its SuperNodes to come online."""
 
 
 @dataclass
@@ -48,6 +63,44 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.status == "finished:completed"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The files ``scripts/make_certs.sh DIR N`` writes: a CA, the SuperLink's certificate
+    and key, and one SSH-format ECDSA key pair per SuperNode (``node_I``, ``node_I.pub``)."""
+
+    folder: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "ca.crt"
+
+    @property
+    def server(self) -> tuple[Path, Path]:
+        return self.folder / "server.crt", self.folder / "server.key"
+
+    def node_key(self, i: int) -> Path:
+        return self.folder / f"node_{i}"
+
+    def check(self, num_nodes: int, auth: bool) -> None:
+        """Fail with what is missing and how to make it."""
+        needed = [self.ca, *self.server] + [p for i in range(num_nodes if auth else 0)
+                                            for p in (self.node_key(i), self.node_key(i).with_suffix(".pub"))]
+        missing = [str(p) for p in needed if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"credentials for {num_nodes} SuperNode(s) expected in {self.folder}, missing: "
+                f"{', '.join(missing)}; create them with: {MAKE_CERTS} {self.folder} {num_nodes}"
+            )
+
+
+def make_credentials(folder: Path, num_nodes: int) -> Credentials:
+    """Fresh TLS certificates and SuperNode keys from ``scripts/make_certs.sh``."""
+    done = subprocess.run(["bash", str(MAKE_CERTS), str(folder), str(num_nodes)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{MAKE_CERTS} failed (needs openssl and ssh-keygen): {done.stderr.strip()}")
+    return Credentials(folder)
 
 
 def _free_port() -> int:
@@ -62,32 +115,124 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
-def _wait_for_health(port: int, proc: subprocess.Popen, log_file: Path, timeout: float = 60.0) -> None:
-    import urllib.request
+class _LocalFlower:
+    """A private FLWR_HOME with one SuperLink connection, its environment, and every
+    process started in it (``close`` stops them all).
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
+    Ray, if a simulation starts it, is private too (its own RAY_TMPDIR), unless
+    ``ray_address`` names a cluster: then ``ray.init`` gets it as ``RAY_ADDRESS`` (Flower's
+    backend config has no address field) and the user's RAY_TMPDIR, where ``ray start``
+    left the address that ``auto`` looks up.
+    """
+
+    def __init__(self, home: Path, port: int, ca: Path | None = None, ray_address: str | None = None) -> None:
+        self.home, self.port, self.ca = home, port, ca
+        (home / LOGS_DIR).mkdir()
+        tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
+        )
+        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR)}
+        if ray_address:
+            self.env["RAY_ADDRESS"] = ray_address
+        else:  # a private Ray, whatever RAY_ADDRESS the user's shell may hold
+            self.env.pop("RAY_ADDRESS", None)
+            self.env["RAY_TMPDIR"] = str(home / "ray")
+        # SuperLink and SuperNodes start flower-superexec, flwr-serverapp, ... by name.
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        self.env.setdefault("UV_CACHE_DIR", str(home / "uv"))
+        self.procs: list[subprocess.Popen] = []
+
+    def log_file(self, name: str) -> Path:
+        return self.home / LOGS_DIR / f"{name}.log"
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        """Start a Flower executable with its output in ``logs/<name>.log``."""
+        with open(self.log_file(name), "w") as out:
+            proc = subprocess.Popen([_bin(args[0]), *args[1:]], cwd=self.home, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start_superlink(self, *flags: str) -> None:
+        proc = self.start("superlink", [
+            "flower-superlink", *flags, "--host", "127.0.0.1", "--port", str(self.port),
+            "--database", str(self.home / "state.db"), "--disable-runtime-dependency-installation",
+        ])
+        self._wait_for_health(proc)
+
+    def _wait_for_health(self, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+        scheme, context = ("https", ssl.create_default_context(cafile=self.ca)) if self.ca else ("http", None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {self.log_file('superlink')}:\n"
+                                   f"{self.tail('superlink')}")
+            try:
+                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=1, context=context) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"flower-superlink did not become healthy within {timeout:.0f}s; see {self.log_file('superlink')}")
+
+    def flwr(self, *args: str) -> subprocess.CompletedProcess:
+        """A ``flwr`` command against this SuperLink (it must succeed)."""
+        done = subprocess.run([_bin("flwr"), *args], capture_output=True, text=True, env=self.env, cwd=self.home, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} failed: {done.stdout.strip()} {done.stderr.strip()}")
+        return done
+
+    def wait_for_nodes(self, nodes: list[subprocess.Popen], timeout: float = NODES_TIMEOUT_S) -> None:
+        """Wait until ``len(nodes)`` SuperNodes are online; fail as soon as one exits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, proc in enumerate(nodes):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"SuperNode {i} exited with code {proc.returncode}:\n{self.tail(f'supernode_{i}')}")
+            listed = json.loads(self.flwr("supernode", "list", CONNECTION, "--format", "json").stdout)
+            if sum(n.get("status") == "online" for n in listed.get("nodes", [])) >= len(nodes):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{len(nodes)} SuperNodes did not come online within {timeout:.0f}s; logs in {self.home / LOGS_DIR}")
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.log_file(name)
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+
+    def run(self, run_config: dict[str, str], federation_config: str | None = None) -> LaunchResult:
+        """``flwr run`` this app, stream its log to stdout, and read the run's final status."""
+        cmd = [_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
+               "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
+        if federation_config:
+            cmd += ["--federation-config", federation_config]
+        run_id = None
+        proc = subprocess.Popen(cmd, cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
+                run_id = int(m.group(1))
+        proc.wait()
+        proc.stdout.close()
+        if run_id is None:
+            return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
+        return LaunchResult(run_id, self._status(run_id))
+
+    def _status(self, run_id: int) -> str:
+        out = subprocess.run([_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+                             capture_output=True, text=True, env=self.env, cwd=self.home, timeout=120)
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"flower-superlink did not become healthy within {timeout:.0f}s; see {log_file}")
+            return str(json.loads(out.stdout)["runs"][0]["status"])
+        except (json.JSONDecodeError, KeyError, IndexError):
+            return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
-
-def _run_status(env: dict[str, str], run_id: int, cwd: Path) -> str:
-    out = subprocess.run(
-        [_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
-    )
-    try:
-        runs = json.loads(out.stdout)["runs"]
-        return str(runs[0]["status"])
-    except (json.JSONDecodeError, KeyError, IndexError):
-        return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
+    def close(self) -> None:
+        """Stop every process started here, newest first (SuperNodes before the SuperLink)."""
+        for proc in reversed(self.procs):
+            _stop(proc)
 
 
 def _quote(value: str) -> str:
@@ -100,48 +245,80 @@ def _quote(value: str) -> str:
     return '"' + json.dumps(value)[1:-1].replace('"', "u0022") + '"'
 
 
-def launch(run_config: dict[str, str], num_supernodes: int, cpus_per_client: int, gpus_per_client: float) -> LaunchResult:
-    """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink."""
-    with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp:
+def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig) -> LaunchResult:
+    """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink.
+
+    The clients' resources go to Flower's Ray backend through ``--federation-config``;
+    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray.
+    """
+    with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp, ExitStack() as stack:
+        flower = _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address)
+        stack.callback(flower.close)
+        flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
+        if sim.ray_address:
+            log.info("simulation uses the existing Ray cluster at %s", sim.ray_address)
+        return flower.run(run_config, (
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
+            f"client-resources-num-gpus={sim.gpus_per_client}"
+        ))
+
+
+def deploy_local(
+    run_config: dict[str, str],
+    num_nodes: int,
+    *,
+    tls: bool = False,
+    auth: bool = False,
+    certs: Path | None = None,
+    port: int | None = None,
+) -> LaunchResult:
+    """``flwr run`` this app on a local Deployment Engine: one SuperLink, ``num_nodes``
+    SuperNodes with ``partition-id=i num-partitions=num_nodes``.
+
+    ``auth`` (SuperNode authentication; Flower requires TLS for it) registers each node's
+    public key with the SuperLink before the node starts. ``certs`` (implies ``tls``) is a
+    folder made by ``scripts/make_certs.sh`` (default: fresh credentials for this run). The SuperLink and
+    SuperNode logs end up in ``<run folder>/logs`` (or, without a run folder, their tail
+    in the log).
+    """
+    tls = tls or auth or certs is not None
+    with tempfile.TemporaryDirectory(prefix="fedmech-deploy-") as tmp, ExitStack() as stack:
         home = Path(tmp)
-        port = _free_port()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-        )
-        env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "RAY_TMPDIR": str(home / "ray"),
-               "FEDMECH_PROJECT_DIR": str(APP_DIR)}
-        # The SuperLink starts flower-superexec and flwr-simulation by name.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        env.setdefault("UV_CACHE_DIR", str(home / "uv"))
-        log_file = home / "superlink.log"
-        superlink = subprocess.Popen(
-            [_bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-             "--host", "127.0.0.1", "--port", str(port), "--database", str(home / "state.db"),
-             "--log-file", str(log_file), "--disable-runtime-dependency-installation"],
-            cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        try:
-            _wait_for_health(port, superlink, log_file)
-            run_args = " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())
-            federation = (
-                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client} "
-                f"client-resources-num-gpus={gpus_per_client}"
-            )
-            cmd = [_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
-                   "--run-config", run_args, "--federation-config", federation]
-            run_id = None
-            with subprocess.Popen(cmd, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-                for line in proc.stdout:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                    if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
-                        run_id = int(m.group(1))
-            if run_id is None:
-                return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
-            return LaunchResult(run_id, _run_status(env, run_id, home))
-        finally:
-            _stop(superlink)
+        creds = None
+        if tls:
+            creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
+            creds.check(num_nodes, auth)
+        flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
+        stack.callback(_keep_logs, flower, Path(run_config["run-dir"]))
+        stack.callback(flower.close)
+        if creds:
+            cert, key = creds.server
+            security = ["--ssl-ca-certfile", str(creds.ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+        else:
+            security = ["--insecure"]
+        flower.start_superlink(*security, *(["--enable-supernode-auth"] if auth else []))
+        nodes = []
+        for i in range(num_nodes):
+            node_flags = ["--root-certificates", str(creds.ca)] if creds else ["--insecure"]
+            if auth:
+                flower.flwr("supernode", "register", str(creds.node_key(i).with_suffix(".pub")), CONNECTION)
+                node_flags += ["--auth-supernode-private-key", str(creds.node_key(i))]
+            nodes.append(flower.start(f"supernode_{i}", [
+                "flower-supernode", *node_flags, "--superlink", f"127.0.0.1:{flower.port}",
+                "--port", str(_free_port()), "--node-config", f"partition-id={i} num-partitions={num_nodes}",
+            ]))
+        flower.wait_for_nodes(nodes)
+        security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
+        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s)", num_nodes, flower.port, security_name)
+        return flower.run(run_config)
+
+
+def _keep_logs(flower: _LocalFlower, run_dir: Path) -> None:
+    """Copy the Flower logs into the run folder (if the run made one), else show their tail."""
+    if run_dir.is_dir():
+        shutil.copytree(flower.home / LOGS_DIR, run_dir / LOGS_DIR, dirs_exist_ok=True)
+    else:
+        log.warning("no run folder at %s; the SuperLink log ends with:\n%s", run_dir, flower.tail("superlink"))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -162,8 +339,9 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the SuperLink and everything it started (simulation, Ray), SIGKILL if need be."""
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop a process and everything it started (simulation, Ray, ClientApps): SIGTERM,
+    then SIGKILL to whatever is still alive after ``grace_s``."""
     pids = [proc.pid, *_descendants(proc.pid)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
@@ -171,7 +349,7 @@ def _stop(proc: subprocess.Popen) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.2)
         if not any(_alive(pid) for pid in pids):

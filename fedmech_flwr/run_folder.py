@@ -12,6 +12,7 @@
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
     <run>/status.json              running | completed | failed (+ error, writer's pid)
+    <run>/logs/*.log               SuperLink and SuperNode logs (``fedmech deploy-local`` only)
 
 Every ``metrics.jsonl`` record has ``kind`` and ``round``; kinds are ``eval`` (global
 model on the test set), ``client`` (one client's training in one round), ``failure``
@@ -60,6 +61,7 @@ STATE_FILE = "state.safetensors"
 CHECKPOINT_DIR = "checkpoints"
 DIAGNOSTICS_DIR = "diagnostics"
 PLOTS_DIR = "plots"
+LOGS_DIR = "logs"
 
 APP_DIR = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,15 @@ def output_root(cfg: ExperimentConfig, out: str | None = None) -> Path:
 def resume_config(run_dir: str | Path) -> ExperimentConfig:
     """The resolved config saved in a run folder that can be resumed (else a clear error)."""
     return load_experiment(RunFolder.resume(run_dir).path / CONFIG_FILE)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (``ru_maxrss`` is KiB on Linux).
+
+    Logged every round: with client sampling, the server holds only the sampled clients'
+    models, so this must not grow with ``federation.num_clients``.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_experiment(
@@ -177,7 +187,7 @@ def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnosti
             "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
             "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
-            "train_round_seconds": summary.train_seconds,
+            "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
         })
         _check_finite(server_round, res.loss, named, committed.last_round, folder)
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):

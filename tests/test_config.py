@@ -169,6 +169,18 @@ def test_relative_output_root_rejected():
     assert smoke_config(["output_root=~/runs"]).output_root == "~/runs"
 
 
+@pytest.mark.parametrize("address", ["auto", "127.0.0.1:6379", "head-node.cluster:10001"])
+def test_ray_address_accepts_auto_and_host_port(address):
+    assert smoke_config([f"simulation.ray_address={address}"]).simulation.ray_address == address
+    assert smoke_config().simulation.ray_address is None
+
+
+def test_ray_address_rejects_other_forms():
+    err = config_error("simulation.ray_address=ray://head:10001")
+    assert "ray_address must be 'auto', HOST:PORT" in str(err) and "got 'ray://head:10001'" in str(err)
+    assert err.where.endswith(LOC + "simulation.ray_address")
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="experiment file not found"):
         read_yaml(tmp_path / "nope.yaml")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_folders, smoke_config, without_time
+from conftest import run_folders, smoke_config, without_measured
 from faults import Fault, faulty_app
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
 from fedmech_flwr.config import parse_experiment
@@ -70,6 +70,7 @@ def test_metrics_records(smoke_run, smoke_cfg):
         assert len(r["per_class_accuracy"]) == CLASSES
         assert set(r["layer_sparsity"]) == {"conv1.weight", "conv2.weight", "head.weight"}
         assert r["clients_sampled"] == r["clients_succeeded"] == ([] if r["round"] == 0 else [0, 1, 2])
+        assert r["server_peak_rss_mb"] > 10  # the server process's peak RSS so far
     assert evals[0]["sparsity"] == 0.0  # the initial model is dense
 
     clients = read_records(smoke_run, "client")
@@ -135,7 +136,7 @@ def test_plots_exist(smoke_run):
 
 def test_same_seed_reproduces_records_and_weights(smoke_run, tmp_path):
     again = run_in_process(smoke_config(), tmp_path)
-    assert without_time(read_records(again)) == without_time(read_records(smoke_run))
+    assert without_measured(read_records(again)) == without_measured(read_records(smoke_run))
     a, b = final_weights(smoke_run), final_weights(again)
     assert list(a) == list(b)
     for k in a:
@@ -147,7 +148,7 @@ def test_different_seed_differs(smoke_run, tmp_path):
     other = run_in_process(smoke_config(["seed=1"]), tmp_path)
     a, b = final_weights(smoke_run), final_weights(other)
     assert any(a[k].tobytes() != b[k].tobytes() for k in a)
-    assert without_time(read_records(other, "eval")) != without_time(read_records(smoke_run, "eval"))
+    assert without_measured(read_records(other, "eval")) != without_measured(read_records(smoke_run, "eval"))
 
 
 # --- sampling ---------------------------------------------------------------------------
