@@ -174,6 +174,44 @@ def messages(flower_identity):
     return _Messages
 
 
+def small_cnn():
+    """The SimpleCNN [8, 16] of ``separable_cnn`` (4 classes, 1x8x8 images), untrained."""
+    from fedmech_flwr.models import build_model
+
+    return build_model("simple_cnn", {"channels": [8, 16]}, in_channels=1, num_classes=4, image_size=8)
+
+
+@pytest.fixture(scope="session")
+def separable_cnn():
+    """(model, data): ``small_cnn`` trained until its penultimate features separate the 4
+    classes of a synthetic 8x8 set (test accuracy > 0.95). Read-only: copy its weights."""
+    import torch.nn.functional as F
+
+    from fedmech_flwr.data import SyntheticConfig, load_dataset
+
+    torch.manual_seed(0)
+    data = load_dataset("synthetic", SyntheticConfig(num_train=400, num_test=200, num_classes=4, image_size=8))
+    model = small_cnn()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        optimizer.zero_grad()
+        F.cross_entropy(model(data.x_train), data.y_train).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        assert (model(data.x_test).argmax(1) == data.y_test).float().mean() > 0.95
+    return model, data
+
+
+def rolled_head(arrays: NamedArrays) -> NamedArrays:
+    """A copy of ``arrays`` whose head rows are rolled by one class: the same features,
+    and a head that reads class c as c + 1 (accuracy ~0)."""
+    out = {k: v.copy() for k, v in arrays.items()}
+    for key in ("head.weight", "head.bias"):
+        out[key] = np.roll(out[key], 1, axis=0)
+    return out
+
+
 @pytest.fixture(scope="module")
 def trained_cnn():
     """SimpleCNN [4, 8] trained briefly on a 4-class synthetic 8x8 set, and that set

@@ -9,58 +9,26 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
+from conftest import rolled_head, small_cnn
 from diagnostics.misalignment import Misalignment, MisalignmentConfig
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
 from fedmech_flwr.cli import main
-from fedmech_flwr.data import SyntheticConfig, load_dataset
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearTrainConfig, balanced_split
 from fedmech_flwr.hooks import ClientUpdate, GlobalContext, RoundState
 from fedmech_flwr.inprocess import run_in_process
-from fedmech_flwr.models import build_model
 from fedmech_flwr.run_folder import read_records
 
 NUM_CLASSES = 4
 FAST_HEAD = LinearTrainConfig(epochs=20, batch_size=16, lr=0.05, weight_decay=0.0)
 
 
-def new_cnn():
-    return build_model("simple_cnn", {"channels": [8, 16]}, in_channels=1, num_classes=NUM_CLASSES, image_size=8)
-
-
-@pytest.fixture(scope="module")
-def good_model():
-    """A SimpleCNN whose features separate the 4 synthetic classes (test accuracy ~1)."""
-    torch.manual_seed(0)
-    data = load_dataset("synthetic", SyntheticConfig(num_train=400, num_test=200, num_classes=NUM_CLASSES, image_size=8))
-    model = new_cnn()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        optimizer.zero_grad()
-        F.cross_entropy(model(data.x_train), data.y_train).backward()
-        optimizer.step()
-    model.eval()
-    with torch.no_grad():
-        assert (model(data.x_test).argmax(1) == data.y_test).float().mean() > 0.95
-    return model, data
-
-
-def scrambled(model) -> NamedArrays:
-    """The model's arrays with the head's rows rolled by one class: same features, and the
-    head reads class c as c + 1 (accuracy ~0)."""
-    arrays = model_arrays(model)
-    for key in ("head.weight", "head.bias"):
-        arrays[key] = np.roll(arrays[key], 1, axis=0)
-    return arrays
-
-
 def round_state(arrays: NamedArrays, data, clients=None) -> RoundState:
     audit, _ = balanced_split(data.y_train, 80, NUM_CLASSES, torch.Generator().manual_seed(0))
 
     def build(a: NamedArrays):
-        m = new_cnn()
+        m = small_cnn()
         load_model_arrays(m, a)
         return m.eval()
 
@@ -75,10 +43,10 @@ def digest(arrays: NamedArrays) -> str:
     return h.hexdigest()
 
 
-def test_scrambled_head_perfect_features_probe_and_realignment_recover(good_model):
-    model, data = good_model
+def test_scrambled_head_perfect_features_probe_and_realignment_recover(separable_cnn):
+    model, data = separable_cnn
     diag = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD))
-    metrics = diag.server_side(round_state(scrambled(model), data)).metrics
+    metrics = diag.server_side(round_state(rolled_head(model_arrays(model)), data)).metrics
     assert metrics["global"]["accuracy"] < 0.05
     assert metrics["probe"]["accuracy"] > 0.95
     assert metrics["realigned"]["accuracy"] > 0.95
@@ -90,17 +58,17 @@ def test_scrambled_head_perfect_features_probe_and_realignment_recover(good_mode
     assert metrics["tau_norm"]["accuracy"] < 0.2  # rescaling rows cannot undo a permutation
 
 
-def test_the_paper_recipe_barely_moves_a_scrambled_head(good_model):
+def test_the_paper_recipe_barely_moves_a_scrambled_head(separable_cnn):
     """65 AdamW steps at lr 1e-3 are a small nudge: the default head recipe measures how
     far the head is from reading the features, it cannot rebuild a permuted head."""
-    model, data = good_model
-    metrics = Misalignment(MisalignmentConfig(head_samples=40)).server_side(round_state(scrambled(model), data)).metrics
+    model, data = separable_cnn
+    metrics = Misalignment(MisalignmentConfig(head_samples=40)).server_side(round_state(rolled_head(model_arrays(model)), data)).metrics
     assert metrics["realigned"]["accuracy"] < 0.5 < metrics["probe"]["accuracy"]
 
 
-def test_client_statistics_give_ncm_and_ccvr_heads(good_model):
-    model, data = good_model
-    arrays = scrambled(model)
+def test_client_statistics_give_ncm_and_ccvr_heads(separable_cnn):
+    model, data = separable_cnn
+    arrays = rolled_head(model_arrays(model))
     diag = Misalignment(MisalignmentConfig(head_samples=40, client_stats=["ncm", "ccvr"], ccvr_covariance="full"))
     assert diag.needs_global_pass() and not Misalignment(MisalignmentConfig()).needs_global_pass()
     clients = {}
@@ -116,11 +84,11 @@ def test_client_statistics_give_ncm_and_ccvr_heads(good_model):
     assert metrics["ccvr"]["accuracy"] > 0.9
 
 
-def test_diagnostic_never_changes_the_weights(good_model):
-    model, data = good_model
-    arrays = scrambled(model)
+def test_diagnostic_never_changes_the_weights(separable_cnn):
+    model, data = separable_cnn
+    arrays = rolled_head(model_arrays(model))
     before = digest(arrays)
-    state = round_state(arrays, data, {0: ClientUpdate(0, scrambled(model), 10, {})})
+    state = round_state(arrays, data, {0: ClientUpdate(0, rolled_head(model_arrays(model)), 10, {})})
     diag = Misalignment(MisalignmentConfig(head_samples=40, probe_clients=True, probe_layers=["conv1"],
                                            client_stats=["ncm"]))
     ctx = GlobalContext(3, 0, state.build_model(arrays), data.x_train, data.y_train, NUM_CLASSES, torch.device("cpu"))

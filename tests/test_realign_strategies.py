@@ -7,14 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from conftest import rolled_head, small_cnn
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record, weighted_mean
-from fedmech_flwr.data import SyntheticConfig, load_dataset
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import ClassStats, LinearHead, class_stats, features, ncm_head, score, tau_normalize
-from fedmech_flwr.models import build_model
+from fedmech_flwr.heads import ClassStats, LinearHead, class_stats, features, ncm_head, score
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig
 from strategies.fedprox import FedProxConfig
@@ -25,34 +23,19 @@ EXAMPLES = [10, 30, 60]
 HEAD = ("head.weight", "head.bias")
 
 
-def new_cnn():
-    return build_model("simple_cnn", {"channels": [8, 16]}, in_channels=1, num_classes=NUM_CLASSES, image_size=8)
+@pytest.fixture(scope="module")
+def data(separable_cnn):
+    return separable_cnn[1]
 
 
 @pytest.fixture(scope="module")
-def data():
-    return load_dataset("synthetic", SyntheticConfig(num_train=400, num_test=200, num_classes=NUM_CLASSES, image_size=8))
-
-
-@pytest.fixture(scope="module")
-def trained(data) -> NamedArrays:
-    """Arrays of a SimpleCNN that separates the synthetic classes, head rolled by one
-    class (features right, head wrong)."""
-    torch.manual_seed(0)
-    model = new_cnn()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
-        optimizer.zero_grad()
-        F.cross_entropy(model(data.x_train), data.y_train).backward()
-        optimizer.step()
-    arrays = model_arrays(model)
-    for key in HEAD:
-        arrays[key] = np.roll(arrays[key], 1, axis=0)
-    return arrays
+def trained(separable_cnn) -> NamedArrays:
+    """Features that separate the classes, a head that reads them wrong."""
+    return rolled_head(model_arrays(separable_cnn[0]))
 
 
 def build(arrays: NamedArrays):
-    model = new_cnn()
+    model = small_cnn()
     load_model_arrays(model, arrays)
     return model.eval()
 
@@ -60,7 +43,7 @@ def build(arrays: NamedArrays):
 def context(data, num_rounds: int = 5, audit_per_class: int = 40) -> StrategyContext:
     torch.manual_seed(1)
     audit = (data.x_train[: audit_per_class * NUM_CLASSES], data.y_train[: audit_per_class * NUM_CLASSES])
-    return StrategyContext(NUM_CLASSES, num_rounds, 0, 60.0, model_arrays(new_cnn()), build, torch.device("cpu"), audit)
+    return StrategyContext(NUM_CLASSES, num_rounds, 0, 60.0, model_arrays(small_cnn()), build, torch.device("cpu"), audit)
 
 
 def perturbed(arrays: NamedArrays, seed: int) -> NamedArrays:
