@@ -17,6 +17,16 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 
+# openssl and ssh-keygen make the TLS certificates and SuperNode keys (scripts/make_certs.sh).
+if ! command -v openssl >/dev/null || ! command -v ssh-keygen >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq openssl openssh-client >/dev/null
+  else
+    echo "note: fedmech deploy-local --tls/--auth needs openssl and ssh-keygen" \
+         "('sudo apt-get install openssl openssh-client')." >&2
+  fi
+fi
+
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
