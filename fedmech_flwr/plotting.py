@@ -52,7 +52,9 @@ def heatmap(
     if matrix.size <= 400:
         for (i, j), v in np.ndenumerate(matrix):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if (v - vmin) / (vmax - vmin) < 0.6 else "black")
+                red, green, blue, _ = im.cmap(im.norm(v))
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return save_figure(fig, path)
 
