@@ -28,7 +28,7 @@ from fedmech_flwr.commands import COMMANDS
 from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch
-from fedmech_flwr.run_folder import CONFIG_FILE, RunFolder, read_status
+from fedmech_flwr.run_folder import CONFIG_FILE, read_status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -82,9 +82,11 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     """The config and folder of the run ``--resume`` names; refuse another config."""
-    run_dir = RunFolder.resume(args.resume).path
+    from fedmech_flwr.server import resume_config
+
+    cfg = resume_config(args.resume)
+    run_dir = Path(args.resume).expanduser().resolve()
     saved = run_dir / CONFIG_FILE
-    cfg = load_experiment(saved)
     if args.out:
         raise RunFolderError(f"--out does not apply to --resume: the run continues in {run_dir}")
     if args.set and not args.experiment:

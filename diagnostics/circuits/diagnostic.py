@@ -49,6 +49,7 @@ from diagnostics.circuits.ablation import ablation_report, channel_means
 from diagnostics.circuits.discovery import discover_circuits
 from diagnostics.circuits.gates import GateConfig
 from diagnostics.circuits.metrics import circuit_iou, circuit_size, is_empty, pack_masks, to_bools, unpack_masks
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import (
     DIAGNOSTICS,
     ClientContext,
@@ -108,6 +109,11 @@ class Circuits(Diagnostic):
     def __init__(self, params: CircuitsConfig) -> None:
         super().__init__(params)
         self._previous: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+
+    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
+        if self.params.audit and audit_per_class == 0:
+            raise ConfigError("circuits.audit is true but the run has no audit set; set data.audit_per_class > 0",
+                              f"{where}.audit")
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Each client's latest class circuits, as ``<partition>/<class>/<layer>``: the
@@ -200,10 +206,6 @@ class Circuits(Diagnostic):
         )
 
     def _audit_circuits(self, state: RoundState, global_model) -> dict[int, dict[str, Any]]:
-        if "audit" not in state.datasets:
-            raise RuntimeError(
-                "circuits.audit is true but the run has no audit set; set data.audit_per_class > 0"
-            )
         x, y = state.datasets["audit"]
         generator = torch.Generator().manual_seed(state.server_round)
         return discover_circuits(global_model, x, y, _held(y, state.num_classes, 1), self.params.gates, generator)
