@@ -21,12 +21,11 @@ circuits) implements ``fedmech_flwr.protocol.Resumable`` so that a resumed run r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import json
 
 import numpy as np
 import torch
