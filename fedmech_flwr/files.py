@@ -2,7 +2,8 @@
 
 Every file of a run folder is written to a hidden temporary name next to it, flushed to
 disk, then renamed over the target: a reader sees the old file or the new one, never a
-truncated one. Leftover temporaries of a killed writer match ``TEMPORARY_GLOB``.
+truncated one. Leftover temporaries of a killed writer match ``TEMPORARY_GLOB``: ours
+(``.tmp.<name>``) and the ``.tmpXXXXXX`` files that safetensors' own writer renames.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-TEMPORARY_GLOB = ".*.tmp.*"
+TEMPORARY_GLOB = ".tmp*"
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
@@ -26,7 +27,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    tmp = path.with_name(f".tmp.{path.name}")
     write(tmp)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
