@@ -152,8 +152,10 @@ def diagnose(msg: Message, context: Context) -> Message:
     ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device)
     results = {}
     for spec in cfg.diagnostics:
+        if not spec.due(server_round):
+            continue
         diagnostic = spec.build()
-        if spec.due(server_round) and diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
+        if diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
             results[spec.name] = out
     report = ConfigRecord({"partition-id": pid, **encode_results(results)})
     return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)

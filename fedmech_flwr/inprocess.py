@@ -19,11 +19,10 @@ from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
-
-from flwr.common.constant import ErrorCode
 
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.server import resume_config, run_experiment

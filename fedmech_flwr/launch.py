@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR
+from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive
 
 log = logging.getLogger(__name__)
 
@@ -350,19 +350,8 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
             time.sleep(0.2)
-        if not any(_alive(pid) for pid in pids):
+        if not any(process_alive(pid) for pid in pids):
             break
     proc.wait(timeout=10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # zombie: gone
-    except OSError:
-        return not Path("/proc").is_dir()

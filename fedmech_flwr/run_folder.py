@@ -101,6 +101,11 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _record_line(record: dict[str, Any]) -> str:
+    """One metrics.jsonl line (``read_records`` reads them back)."""
+    return json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
+
+
 def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The run's metrics.jsonl records (optionally one kind), in the order written.
 
@@ -129,15 +134,20 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
     return records
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host."""
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, exited but not yet reaped, does not)."""
+    if pid <= 0:  # os.kill would address a process group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, owned by another user
         pass
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # it exited just now, or there is no /proc (not Linux)
+        return not Path("/proc").is_dir()
 
 
 @dataclass
@@ -189,7 +199,7 @@ class RunFolder:
         status = read_status(path)
         if status["status"] == "completed":
             raise RunFolderError(f"{path} holds a completed run: nothing to resume; start a new run instead")
-        if status["status"] == "running" and status.get("host") == socket.gethostname() and _alive(status.get("pid", -1)):
+        if status["status"] == "running" and status.get("host") == socket.gethostname() and process_alive(status.get("pid", -1)):
             raise RunFolderError(
                 f"{path} is still being written by process {status['pid']} on this host; "
                 "stop that run first (or wait for it), then resume"
@@ -228,7 +238,7 @@ class RunFolder:
     def append(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl and flush it to disk."""
         with open(self.path / METRICS_FILE, "a") as fh:
-            fh.write(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
+            fh.write(_record_line(record))
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -277,8 +287,8 @@ class RunFolder:
         keep = -1 if last_round is None else last_round
         metrics = self.path / METRICS_FILE
         if metrics.is_file():
-            kept = [json.dumps(r, sort_keys=True, allow_nan=True) for r in read_records(self.path) if r["round"] <= keep]
-            write_text_atomic(metrics, "".join(f"{line}\n" for line in kept))
+            kept = [_record_line(r) for r in read_records(self.path) if r["round"] <= keep]
+            write_text_atomic(metrics, "".join(kept))
         later = [p for p in self.path.glob(f"**/{ROUND_FILE_GLOB}") if round_of(p) > keep]
         for path in [*later, *self.path.glob(FINAL_MODEL_FILE), *self.path.glob(f"**/{TEMPORARY_GLOB}")]:
             path.unlink()

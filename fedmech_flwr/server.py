@@ -89,9 +89,10 @@ def run_experiment(
     bundle = load_data(cfg)
     parts = client_partitions(cfg, bundle)
     audit = torch.from_numpy(audit_indices(cfg, bundle))
-    check_disjoint_from_test(bundle.x_train[audit], bundle.x_test)
+    audit_x = bundle.x_train[audit]
+    check_disjoint_from_test(audit_x, bundle.x_test)
     model = new_model(cfg, bundle, device)
-    audit_set = (bundle.x_train[audit].to(device), bundle.y_train[audit].to(device)) if len(audit) else None
+    audit_set = (audit_x.to(device), bundle.y_train[audit].to(device)) if len(audit) else None
     context = StrategyContext(
         bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
         model_arrays(model), model_builder(cfg, bundle, device), device, audit_set,
