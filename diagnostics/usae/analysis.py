@@ -21,11 +21,12 @@ from torch import Tensor
 
 from diagnostics.usae.activations import InMemorySource, StreamingSource, check_layer, collect_tokens
 from diagnostics.usae.metrics import (
-    R2Accumulator,
-    concept_activity,
+    MetricsAccumulator,
+    Stitch,
+    concept_mask,
     finish_from_layer,
     shared_unique,
-    stitch_accuracy,
+    stitch_all,
 )
 from diagnostics.usae.model import USAE, USAEConfig
 from diagnostics.usae.train import train_usae
@@ -114,31 +115,21 @@ def analyse(
     chunks = [(x[s : s + METRICS_CHUNK_IMAGES], y[s : s + METRICS_CHUNK_IMAGES])
               for s in range(0, len(x), METRICS_CHUNK_IMAGES)]
     # pass 1: R^2 (residual and total sums of squares over all tokens) and firing counts
-    r2_acc = R2Accumulator(widths)
-    fired = np.zeros((m, usae.dict_size))
-    with torch.no_grad():
-        for xc, _ in chunks:
-            tokens = collect_tokens(models, layer, xc)
-            r2_acc.add(usae, tokens)
-            fired += concept_activity(usae, tokens) * len(tokens[0])
-    r2 = r2_acc.result()
-    activity = fired / r2_acc.count
+    acc = MetricsAccumulator(widths, usae.dict_size)
+    for xc, _ in chunks:
+        acc.add(usae, collect_tokens(models, layer, xc))
+    r2, activity = acc.r2(), acc.activity()
 
     # pass 2: stitching i -> j for concept sets all / shared / unique-to-i
-    stitches: dict[tuple[int, int, str], Any] = {}
-    with torch.no_grad():
-        for xc, yc in chunks:
-            tokens = collect_tokens(models, layer, xc)
-            for j in range(m):
-                finish = finish_from_layer(models[j], layer, xc)
-                for i in range(m):
-                    for concepts in CONCEPT_SETS:
-                        s = stitch_accuracy(usae, i, j, tokens, finish, yc.cpu(), concepts, activity, threshold)
-                        key = (i, j, concepts)
-                        stitches[key] = stitches[key] + s if key in stitches else s
-    active = activity > threshold
-    kept = {"all": [usae.dict_size] * m, "shared": [int(active.all(0).sum())] * m,
-            "unique": [int((active[i] & (active.sum(0) == 1)).sum()) for i in range(m)]}
+    masks = {i: {c: concept_mask(c, i, activity, threshold) for c in CONCEPT_SETS} for i in range(m)}
+    stitches = {(i, j, c): Stitch(0, 0, 0) for j in range(m) for i in range(m) for c in CONCEPT_SETS}
+    for xc, yc in chunks:
+        finishes = {j: finish_from_layer(model, layer, xc) for j, model in enumerate(models)}
+        chunk = stitch_all(usae, collect_tokens(models, layer, xc), finishes, yc.cpu(), masks)
+        for key, s in chunk.items():
+            stitches[key] += s
+    o = shared_unique(activity, threshold)
+    kept = {"all": [usae.dict_size] * m, "shared": [o.shared] * m, "unique": o.unique}
     stitching = [
         {"source": names[i], "target": names[j], "concepts": concepts, "concepts_kept": kept[concepts][i],
          "accuracy": s.accuracy, "own_accuracy": s.own_accuracy, "percent_of_own": _finite(s.percent_of_own)}
@@ -159,7 +150,7 @@ def analyse(
         "dict_size": usae.dict_size,
         "k": usae.k,
         "num_images": len(x),
-        "num_tokens": r2_acc.count,
+        "num_tokens": acc.count,
         "token_source": source_kind,
         "r2": [[_finite(v) for v in row] for row in r2],
         "r2_self_mean": _finite(float(np.mean(np.diag(r2)))),

@@ -7,7 +7,7 @@ work is done in chunks of ``batch_size`` tokens so dense codes [T, n] never all 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,15 +42,17 @@ def _device(usae: USAE) -> torch.device:
     return next(usae.parameters()).device
 
 
-class R2Accumulator:
-    """``r2_matrix`` streamed over chunks of aligned tokens (sums in float64), so the
-    matrix of a token set too large for memory is the same number."""
+class MetricsAccumulator:
+    """``r2_matrix`` and ``concept_activity`` streamed over chunks of aligned tokens (sums
+    in float64), each token encoded once, so the numbers of a token set too large for
+    memory are the same."""
 
-    def __init__(self, widths: Sequence[int]) -> None:
+    def __init__(self, widths: Sequence[int], dict_size: int) -> None:
         m = len(widths)
         self.sse = np.zeros((m, m))
         self.sums = [torch.zeros(w, dtype=torch.float64) for w in widths]
         self.squares = [torch.zeros(w, dtype=torch.float64) for w in widths]
+        self.fired = np.zeros((m, dict_size))
         self.count = 0
 
     @torch.no_grad()
@@ -61,21 +63,37 @@ class R2Accumulator:
             self.sums[i] += t.double().sum(0)
             self.squares[i] += t.double().square().sum(0)
             codes = usae.encode(i, t.to(device))
+            self.fired[i] += (codes != 0).sum(0).cpu().numpy()
             for j, target in enumerate(tokens):
                 self.sse[i, j] += _residual_ss(target, usae.decode(j, codes).cpu())
 
-    def result(self) -> np.ndarray:
+    def r2(self) -> np.ndarray:
+        """The ``r2_matrix`` of the tokens added."""
         total = np.array([float((q - s.square() / self.count).sum()) for s, q in zip(self.sums, self.squares)])
         return 1.0 - self.sse / total[None, :]
+
+    def activity(self) -> np.ndarray:
+        """The ``concept_activity`` of the tokens added."""
+        return self.fired / self.count
+
+
+def _accumulate(usae: USAE, tokens: Sequence[Tensor], batch_size: int) -> MetricsAccumulator:
+    acc = MetricsAccumulator([t.shape[1] for t in tokens], usae.dict_size)
+    for start in range(0, len(tokens[0]), batch_size):
+        acc.add(usae, [t[start : start + batch_size] for t in tokens])
+    return acc
 
 
 def r2_matrix(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
     """[M, M]: entry (i, j) is ``explained_variance`` of model j's tokens reconstructed
     (in its original space) from model i's codes."""
-    acc = R2Accumulator([t.shape[1] for t in tokens])
-    for start in range(0, len(tokens[0]), batch_size):
-        acc.add(usae, [t[start : start + batch_size] for t in tokens])
-    return acc.result()
+    return _accumulate(usae, tokens, batch_size).r2()
+
+
+def concept_activity(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
+    """[M, n] firing frequencies: the fraction of model i's tokens whose code (from model
+    i's encoder) uses each concept."""
+    return _accumulate(usae, tokens, batch_size).activity()
 
 
 def l0(codes: Tensor) -> float:
@@ -87,19 +105,6 @@ def dead_fraction(codes_by_model: Sequence[Tensor]) -> float:
     """Fraction of concepts that fire on no token of any model."""
     fired = torch.stack([(codes != 0).any(0) for codes in codes_by_model]).any(0)
     return 1.0 - float(fired.double().mean())
-
-
-@torch.no_grad()
-def concept_activity(usae: USAE, tokens: Sequence[Tensor], batch_size: int = 4096) -> np.ndarray:
-    """[M, n] firing frequencies: the fraction of model i's tokens whose code (from model
-    i's encoder) uses each concept."""
-    device = _device(usae)
-    counts = np.zeros((usae.num_models, usae.dict_size))
-    for i, t in enumerate(tokens):
-        for start in range(0, len(t), batch_size):
-            codes = usae.encode(i, t[start : start + batch_size].to(device))
-            counts[i] += (codes != 0).sum(0).cpu().numpy()
-    return counts / np.array([[len(t)] for t in tokens])
 
 
 @dataclass(frozen=True)
@@ -120,16 +125,23 @@ class ConceptOverlap:
         return self.shared / self.alive if self.alive else float("nan")
 
 
-def shared_unique(activity: np.ndarray, threshold: float = 0.0) -> ConceptOverlap:
-    """Counts from ``concept_activity``: a concept is active in a model when its firing
-    frequency there is > ``threshold`` (0: it fires at least once, the paper's rule; a
-    concept's rare stray firings then count it as shared, a small threshold ignores them)."""
+def active_sets(activity: np.ndarray, threshold: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bool masks from ``concept_activity``: active [M, n], shared [n] (active in every
+    model) and unique [M, n] (active in that model only). A concept is active in a model
+    when its firing frequency there is > ``threshold`` (0: it fires at least once, the
+    paper's rule; a concept's rare stray firings then count it as shared, a small
+    threshold ignores them)."""
     active = np.asarray(activity) > threshold
+    return active, active.all(0), active & (active.sum(0) == 1)
+
+
+def shared_unique(activity: np.ndarray, threshold: float = 0.0) -> ConceptOverlap:
+    """Counts of ``active_sets``."""
+    active, shared, unique = active_sets(activity, threshold)
     alive = active.any(0)
-    alone = active.sum(0) == 1
     return ConceptOverlap(
-        shared=int(active.all(0).sum()),
-        unique=[int((row & alone).sum()) for row in active],
+        shared=int(shared.sum()),
+        unique=[int(row.sum()) for row in unique],
         dead=int((~alive).sum()),
         alive=int(alive.sum()),
     )
@@ -138,9 +150,9 @@ def shared_unique(activity: np.ndarray, threshold: float = 0.0) -> ConceptOverla
 def concept_mask(
     concepts: Concepts, source: int, activity: np.ndarray | None = None, threshold: float = 0.0
 ) -> Tensor:
-    """Bool mask [n] of the concepts to keep: "all" (a scalar True); "shared" (active in
-    every model) or "unique" (active in model ``source`` only), both from ``activity``
-    and ``threshold``; or a given mask."""
+    """Bool mask [n] of the concepts to keep: "all" (a scalar True); "shared" or "unique"
+    (to model ``source``), both ``active_sets`` of ``activity`` and ``threshold``; or a
+    given mask."""
     if not isinstance(concepts, str):
         return torch.as_tensor(concepts, dtype=torch.bool)
     if concepts == "all":
@@ -149,9 +161,8 @@ def concept_mask(
         raise ValueError(f"concepts must be 'all', 'shared', 'unique' or a mask, got {concepts!r}")
     if activity is None:
         raise ValueError(f"concepts='{concepts}' needs the activity matrix (concept_activity)")
-    active = np.asarray(activity) > threshold
-    keep = active.all(0) if concepts == "shared" else active[source] & (active.sum(0) == 1)
-    return torch.from_numpy(keep)
+    _, shared, unique = active_sets(activity, threshold)
+    return torch.from_numpy(shared if concepts == "shared" else unique[source])
 
 
 def finish_from_layer(model: FedMechModel, layer: str, x: Tensor) -> Callable[[Tensor], Tensor]:
@@ -202,7 +213,38 @@ class Stitch:
         )
 
 
+def _correct(logits: Tensor, y: Tensor) -> int:
+    """Images whose largest logit is their label in ``y`` (a CPU tensor)."""
+    return int((logits.argmax(1).cpu() == y).sum())
+
+
 @torch.no_grad()
+def stitch_all(
+    usae: USAE,
+    tokens: Sequence[Tensor],
+    finishes: Mapping[int, Callable[[Tensor], Tensor]],
+    y: Tensor,
+    masks: Mapping[int, Mapping[str, Tensor]],
+) -> dict[tuple[int, int, str], Stitch]:
+    """Stitches of one chunk of images of labels ``y``, keyed (i, j, name): source i's
+    codes, kept by ``masks[i][name]`` (``concept_mask``s), decoded into target j's space
+    and classified by ``finishes[j]`` (e.g. ``finish_from_layer``); compared with
+    ``finishes[j]`` on model j's own tokens.
+
+    Each source is encoded once and each target run on its own tokens once.
+    """
+    device = _device(usae)
+    own = {j: _correct(finish(tokens[j]), y) for j, finish in finishes.items()}
+    out = {}
+    for i, kept in masks.items():
+        codes = usae.encode(i, tokens[i].to(device))
+        for j, finish in finishes.items():
+            for name, mask in kept.items():
+                stitched = finish(usae.decode(j, codes * mask.to(device)))
+                out[i, j, name] = Stitch(_correct(stitched, y), own[j], len(y))
+    return out
+
+
 def stitch_accuracy(
     usae: USAE,
     i: int,
@@ -214,14 +256,9 @@ def stitch_accuracy(
     activity: np.ndarray | None = None,
     threshold: float = 0.0,
 ) -> Stitch:
-    """Encode model i's tokens, keep only ``concepts`` (see ``concept_mask``), decode
-    into model j's space and let ``finish_j`` (e.g. ``finish_from_layer``) classify the
-    images of labels ``y``; compared with ``finish_j`` on model j's own tokens.
+    """``stitch_all`` of the one pair i -> j, keeping ``concepts`` (see ``concept_mask``).
 
     All tokens are encoded at once: pass a chunk of images at a time and add the Stitches.
     """
-    codes = usae.encode(i, tokens[i].to(_device(usae)))
-    codes = codes * concept_mask(concepts, i, activity, threshold).to(codes.device)
-    stitched = finish_j(usae.decode(j, codes)).argmax(1).cpu()
-    own = finish_j(tokens[j]).argmax(1).cpu()
-    return Stitch(int((stitched == y).sum()), int((own == y).sum()), len(y))
+    mask = concept_mask(concepts, i, activity, threshold)
+    return stitch_all(usae, tokens, {j: finish_j}, y, {i: {"kept": mask}})[i, j, "kept"]
