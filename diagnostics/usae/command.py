@@ -25,12 +25,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from diagnostics.usae.analysis import PRESETS, analyse, plot_usae
 from diagnostics.usae.model import USAEConfig, save_usae
 from diagnostics.usae.sources import Source, load_source_model, parse_source, unique_names
 from fedmech_flwr.commands import COMMANDS, Command
+from fedmech_flwr.config import apply_overrides
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.experiment import audit_indices, load_data
@@ -43,13 +43,7 @@ TRAIN_HEAD_NOTE = ("no audit set (data.audit_per_class = 0): the first N trainin
 
 def usae_config(preset: str, overrides: list[str]) -> USAEConfig:
     """The preset's USAEConfig with ``key=value`` overrides (values parsed as YAML)."""
-    raw = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"expected key=value, got {item!r}", "--set")
-        key, value = item.split("=", 1)
-        raw[key.strip()] = yaml.safe_load(value)
-    return parse_dataclass(PRESETS[preset], raw, "--set")
+    return parse_dataclass(PRESETS[preset], apply_overrides({}, overrides), "--set")
 
 
 def select_images(sources: list[Source], split: str, max_images: int):
