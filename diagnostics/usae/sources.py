@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from fedmech_flwr.arrays import load_arrays, load_model_arrays
-from fedmech_flwr.config import ExperimentConfig, parse_experiment, read_yaml
+from fedmech_flwr.arrays import load_arrays
+from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_data, new_model
+from fedmech_flwr.experiment import load_data, model_builder
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.run_folder import CHECKPOINT_DIR, CONFIG_FILE, FINAL_MODEL_FILE, round_file
 
@@ -51,20 +51,18 @@ def parse_source(spec: str) -> Source:
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{spec}: no file {path}")
-    cfg = parse_experiment(read_yaml(config_path), str(config_path))
-    return Source(spec, name, config_path, weights_path, cfg)
+    return Source(spec, name, config_path, weights_path, load_experiment(config_path))
 
 
 def load_source_model(source: Source, device: torch.device | str = "cpu") -> FedMechModel:
     """The source's model (eval mode) with its weights."""
-    model = new_model(source.cfg, load_data(source.cfg), device)
-    arrays = load_arrays(source.weights_path, expected=model.state_dict())
+    build = model_builder(source.cfg, load_data(source.cfg), device)
+    arrays = load_arrays(source.weights_path)
     try:
-        load_model_arrays(model, arrays)
+        return build(arrays)
     except ValueError as err:
         raise ConfigError(f"{source.weights_path} does not fit the model of {source.config_path}: {err}",
                           "usae sources") from err
-    return model.eval()
 
 
 def unique_names(sources: list[Source]) -> list[str]:
