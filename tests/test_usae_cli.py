@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from conftest import smoke_config
-from fedmech_flwr.arrays import load_arrays
+from diagnostics.usae.model import load_usae
+from fedmech_flwr.arrays import load_arrays, save_arrays
 from fedmech_flwr.cli import EXIT_BAD_INPUT, build_parser, main
 from fedmech_flwr.run_folder import read_records
 
@@ -121,7 +122,7 @@ def test_no_images_other_datasets_and_bad_sources_exit_2(smoke_run, usae_run, tm
     assert "at least 2 sources" in capsys.readouterr().err
 
 
-def test_per_round_diagnostic_records_metrics_every_round(usae_run):
+def test_per_round_diagnostic_records_metrics_every_round(usae_run, tmp_path):
     records = [r for r in read_records(usae_run, "diagnostic") if r["name"] == "usae"]
     assert [r["round"] for r in records] == [1, 2]
     for rec in records:
@@ -133,6 +134,10 @@ def test_per_round_diagnostic_records_metrics_every_round(usae_run):
         assert "activity" not in rec
         arrays = load_arrays(usae_run / "diagnostics" / "usae" / f"round_{rec['round']:03d}.safetensors")
         assert arrays["activity"].shape == (4, 16) and arrays["usae/sites.0.decoder"].shape == (16, 8)
+        usae = {name.removeprefix("usae/"): a for name, a in arrays.items() if name.startswith("usae/")}
+        save_arrays(tmp_path / "usae.safetensors", usae)
+        loaded = load_usae(tmp_path / "usae.safetensors")
+        assert (loaded.widths, loaded.dict_size, loaded.k) == ([8] * 4, 16, 4)
     assert (usae_run / "plots" / "usae_overlap.png").is_file()
     assert (usae_run / "plots" / "usae_r2.png").is_file()
 

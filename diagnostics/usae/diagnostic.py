@@ -5,7 +5,8 @@ model (``compare: reference``, e.g. an IID run's final model), at one gated laye
 Runs on the server on the audit set when the run has one (``data.audit_per_class``),
 else on the test set (recorded as ``data``). Records the R^2 matrix, sparsity, shared /
 unique concept counts and overlap, and stitching (see ``diagnostics.usae.analysis``);
-stores the dictionary's weights and the concept firing frequencies as arrays.
+stores the dictionary (``usae_arrays`` under ``usae/``: ``load_usae`` reads them without the
+prefix) and the concept firing frequencies as arrays.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from diagnostics.usae.analysis import CpuUSAEConfig, analyse
+from diagnostics.usae.model import usae_arrays
 from diagnostics.usae.sources import load_source_model, parse_source
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
@@ -76,9 +78,8 @@ class Usae(Diagnostic):
         activity = np.asarray(metrics.pop("activity"), dtype=np.float32)
         metrics["data"] = {"split": split, "num_images": len(x)}
         metrics["compare"] = p.compare
-        arrays = {f"usae/{k}": v.detach().cpu().numpy() for k, v in usae.state_dict().items()}
-        arrays["activity"] = activity
-        return DiagnosticResult(metrics=metrics, arrays=arrays)
+        arrays = {f"usae/{name}": a for name, a in usae_arrays(usae).items()}
+        return DiagnosticResult(metrics=metrics, arrays={**arrays, "activity": activity})
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedmech_flwr.arrays import load_arrays, save_arrays
+from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays, save_arrays
 from fedmech_flwr.errors import ConfigError
 
 DecoderNorm = Literal["per_model", "joint"]
@@ -168,10 +168,15 @@ class USAE(nn.Module):
             site.decoder /= row_norms[:, None]
 
 
+def usae_arrays(usae: USAE) -> NamedArrays:
+    """``usae``'s weights and standardisers (``model_arrays``) and its k: all that
+    ``load_usae`` needs."""
+    return {**model_arrays(usae), "k": np.asarray(usae.k)}
+
+
 def save_usae(path: str | Path, usae: USAE) -> None:
-    """Write ``usae``'s weights and standardisers (and k) as safetensors."""
-    arrays = {name: t.detach().cpu().numpy() for name, t in usae.state_dict().items()}
-    save_arrays(path, {**arrays, "k": np.asarray(usae.k)})
+    """Write ``usae_arrays`` as safetensors."""
+    save_arrays(path, usae_arrays(usae))
 
 
 def load_usae(path: str | Path) -> USAE:
@@ -181,5 +186,5 @@ def load_usae(path: str | Path) -> USAE:
     decoders = {int(name.split(".")[1]): a for name, a in arrays.items() if name.endswith(".decoder")}
     widths = [decoders[i].shape[1] for i in range(len(decoders))]
     usae = USAE(widths, decoders[0].shape[0], int(arrays.pop("k")))
-    usae.load_state_dict({name: torch.from_numpy(a) for name, a in arrays.items()})
+    load_model_arrays(usae, arrays)
     return usae
