@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.training import recall
 
 Covariance = Literal["diagonal", "full"]
 
@@ -84,11 +85,7 @@ class Scores:
 
 def score(head: LinearHead, f: Tensor, y: Tensor, num_classes: int) -> Scores:
     """Accuracy and per-class recall of ``head`` on features ``f`` with labels ``y``."""
-    hits = (head.predict(f) == y).double()
-    counts = torch.bincount(y, minlength=num_classes)
-    correct = torch.bincount(y, weights=hits, minlength=num_classes)
-    per_class = [(correct[c] / counts[c]).item() if counts[c] else None for c in range(num_classes)]
-    return Scores(hits.mean().item() if len(y) else 0.0, per_class)
+    return Scores(*recall(head.predict(f), y, num_classes))
 
 
 @dataclass

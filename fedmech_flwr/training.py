@@ -52,6 +52,16 @@ def make_optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def recall(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[float, list[float | None]]:
+    """Accuracy and per-class recall of predictions ``pred`` for labels ``y`` (None for a
+    class absent from ``y``), computed in float32 as every recorded metric is."""
+    hits = (pred == y).float()
+    counts = torch.bincount(y, minlength=num_classes)
+    correct = torch.bincount(y, weights=hits, minlength=num_classes)
+    per_class = [(correct[c] / counts[c]).item() if counts[c] > 0 else None for c in range(num_classes)]
+    return (hits.mean().item() if len(y) else 0.0), per_class
+
+
 @dataclass
 class TrainStats:
     loss: float
@@ -87,9 +97,9 @@ def train_epochs(
     n = len(x)
     num_classes = model.get_classifier().out_features
     total_loss, correct, seen, step = 0.0, 0, 0, 0
+    last_pred = torch.empty_like(y)  # every epoch overwrites each sample's prediction
     start = time.perf_counter()
     for _ in range(cfg.epochs):
-        class_hits = torch.zeros(num_classes, device=x.device)
         order = torch.randperm(n, generator=generator).to(x.device)
         for i in range(0, n, cfg.batch_size):
             idx = order[i : i + cfg.batch_size]
@@ -102,14 +112,13 @@ def train_epochs(
             if pruner is not None:
                 pruner.step(step)
             step += 1
-            hits = (logits.detach().argmax(1) == yb).float()
-            class_hits += torch.bincount(yb, weights=hits, minlength=num_classes)
+            pred = logits.detach().argmax(1)
+            last_pred[idx] = pred
             total_loss += loss.item() * len(yb)
-            correct += int(hits.sum().item())
+            correct += int((pred == yb).sum().item())
             seen += len(yb)
     seconds = time.perf_counter() - start
-    counts = torch.bincount(y, minlength=num_classes)
-    per_class = [(class_hits[c] / counts[c]).item() if counts[c] > 0 else None for c in range(num_classes)]
+    _, per_class = recall(last_pred, y, num_classes)
     return TrainStats(total_loss / max(seen, 1), correct / max(seen, 1), per_class, seen, step, seconds)
 
 
@@ -132,9 +141,5 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: in
         loss_sum += nn.functional.cross_entropy(logits, y[i : i + batch_size], reduction="sum").item()
         preds.append(logits.argmax(1))
     pred = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long, device=x.device)
-    hits = (pred == y).float()
-    counts = torch.bincount(y, minlength=num_classes)
-    correct = torch.bincount(y, weights=hits, minlength=num_classes)
-    per_class = [(correct[c] / counts[c]).item() if counts[c] > 0 else None for c in range(num_classes)]
-    n = len(y)
-    return EvalResult(loss_sum / max(n, 1), hits.mean().item() if n else 0.0, per_class, n)
+    accuracy, per_class = recall(pred, y, num_classes)
+    return EvalResult(loss_sum / max(len(y), 1), accuracy, per_class, len(y))
