@@ -45,6 +45,8 @@ from fedmech_flwr.heads import (
     Scores,
     balanced_split,
     best_epoch,
+    ccvr_head,
+    ccvr_train_config,
     class_stats,
     features,
     head_set_per_class,
@@ -52,7 +54,6 @@ from fedmech_flwr.heads import (
     score,
     tau_normalize,
     train_linear,
-    virtual_features,
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
 from fedmech_flwr.models import FedMechModel
@@ -87,7 +88,7 @@ class MisalignmentConfig:
     """Data-free heads from the clients' feature statistics of the global model."""
     ccvr_covariance: Covariance = "diagonal"
     ccvr_virtual_per_class: int = field(default=1000, metadata={"ge": 1})
-    ccvr_train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=10, batch_size=64, lr=1e-2))
+    ccvr_train: LinearTrainConfig = field(default_factory=ccvr_train_config)
 
 
 @dataclass
@@ -223,9 +224,7 @@ class Misalignment(Diagnostic):
         if "ncm" in self.params.client_stats:
             out["ncm"] = _scores(score(ncm_head(stats, own), f_test, y_test, n))
         if "ccvr" in self.params.client_stats:
-            generator = seed_everything(*seed, 4)
-            f, y = virtual_features(stats, self.params.ccvr_virtual_per_class, generator)
-            head = train_linear(f.to(f_test.device), y.to(f_test.device), own, self.params.ccvr_train, generator)[-1]
+            head = ccvr_head(stats, own, self.params.ccvr_virtual_per_class, self.params.ccvr_train, seed_everything(*seed, 4))
             out["ccvr"] = _scores(score(head, f_test, y_test, n))
         for key in out:
             out[key]["clients"] = len(parts)

@@ -10,8 +10,9 @@ exactly training a linear layer on cached features, starting from the current he
   reproducing a protocol that did);
 - ``ClassStats``: per-class feature counts, sums and second moments, the sufficient
   statistics clients send for data-free realignment (summed over clients exactly);
-- ``ncm_head`` (nearest class mean), ``virtual_features`` (CCVR's class Gaussians) and
-  ``tau_normalize`` (tau-normalised class weights).
+- ``ncm_head`` (nearest class mean), ``virtual_features`` (CCVR's class Gaussians),
+  ``ccvr_head`` (a head retrained on them) and ``tau_normalize`` (tau-normalised class
+  weights).
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ class LinearTrainConfig:
     weight_decay: float = field(default=5e-4, metadata={"ge": 0.0})
     schedule: Literal["cosine", "constant"] = "cosine"
     """Learning rate over the epochs: cosine decay to 0 (per step), or constant."""
+
+
+def ccvr_train_config() -> LinearTrainConfig:
+    """CCVR's default head retraining on virtual features: 10 epochs, batch 64, lr 1e-2."""
+    return LinearTrainConfig(epochs=10, batch_size=64, lr=1e-2)
 
 
 def train_linear(
@@ -267,3 +273,13 @@ def virtual_features(stats: ClassStats, per_class: int, generator: torch.Generat
     if not xs:
         raise ValueError("no class has any samples in the statistics")
     return torch.cat(xs), torch.cat(ys)
+
+
+def ccvr_head(
+    stats: ClassStats, start: LinearHead, per_class: int, cfg: LinearTrainConfig, generator: torch.Generator
+) -> LinearHead:
+    """CCVR's head: ``start`` retrained on ``per_class`` virtual features of every held
+    class (on ``start``'s device). The last epoch is kept: there is no data to select on."""
+    f, y = virtual_features(stats, per_class, generator)
+    device = start.weight.device
+    return train_linear(f.to(device), y.to(device), start, cfg, generator)[-1]

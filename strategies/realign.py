@@ -36,12 +36,13 @@ from fedmech_flwr.heads import (
     LinearTrainConfig,
     balanced_split,
     best_epoch,
+    ccvr_head,
+    ccvr_train_config,
     features,
     head_set_per_class,
     ncm_head,
     tau_normalize,
     train_linear,
-    virtual_features,
 )
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, request_class_stats
@@ -145,7 +146,7 @@ class CCVRConfig(RealignConfig):
     client (D = feature size), so diagonal is the default for conv features."""
     virtual_per_class: int = field(default=1000, metadata={"ge": 1})
     """Virtual features sampled per class."""
-    train: LinearTrainConfig = field(default_factory=lambda: LinearTrainConfig(epochs=10, batch_size=64, lr=1e-2))
+    train: LinearTrainConfig = field(default_factory=ccvr_train_config)
     """How the head is retrained on the virtual features (from the current head; the
     last epoch is kept: the server has no data to select on)."""
 
@@ -160,9 +161,7 @@ class CCVR(RealigningFedAvg):
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         stats, _ = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
         generator = seed_everything(self.ctx.seed, server_round, 2106)
-        f, y = virtual_features(stats, self.params.virtual_per_class, generator)
-        device = self.ctx.device
-        return train_linear(f.to(device), y.to(device), LinearHead.of(model), self.params.train, generator)[-1]
+        return ccvr_head(stats, LinearHead.of(model), self.params.virtual_per_class, self.params.train, generator)
 
 
 @dataclass
