@@ -49,6 +49,7 @@ from fedmech_flwr.heads import (
     ccvr_train_config,
     class_stats,
     features,
+    features_at,
     head_set_per_class,
     ncm_head,
     score,
@@ -147,7 +148,8 @@ class Misalignment(Diagnostic):
         splits = self._splits(y_audit, n, state.seed)
         seed = (state.seed, state.server_round)
         model = state.build_model(state.global_arrays)
-        f_audit, f_test = features(model, x_audit), features(model, x_test)
+        f_audit, layers_audit = features_at(model, x_audit, p.probe_layers)
+        f_test, layers_test = features_at(model, x_test, p.probe_layers)
         own = LinearHead.of(model)
         results: dict[str, Any] = {"global": _scores(score(own, f_test, y_test, n))}
         results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed)
@@ -173,8 +175,8 @@ class Misalignment(Diagnostic):
             k: _class_gap(results[k]["per_class"], results["global"]["per_class"]) for k in ("probe", "realigned")
         }
         for layer in p.probe_layers:
-            fa, ft = features(model, x_audit, layer), features(model, x_test, layer)
-            results.setdefault("layers", {})[layer] = self._probe(fa, y_audit, ft, y_test, splits, n, seed)
+            results.setdefault("layers", {})[layer] = self._probe(layers_audit[layer], y_audit, layers_test[layer], y_test,
+                                                                  splits, n, seed)
         if p.probe_clients:
             results["clients"] = {
                 str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, seed)

@@ -4,7 +4,8 @@ Everything here works on a model's frozen penultimate features (``forward_featur
 eval mode, so BatchNorm statistics stay frozen too). Finetuning only the head is then
 exactly training a linear layer on cached features, starting from the current head:
 
-- ``features``: frozen features of a model (or of a named gated layer, average-pooled);
+- ``features_at`` / ``features``: frozen penultimate features of a model and of named
+  gated layers (average-pooled), in one forward pass;
 - ``train_linear``: a linear layer trained with AdamW, one snapshot per epoch, so the
   caller selects the epoch on a split of its choice (validation, or the test set when
   reproducing a protocol that did);
@@ -18,6 +19,7 @@ exactly training a linear layer on cached features, starting from the current he
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,26 +35,36 @@ Covariance = Literal["diagonal", "full"]
 
 
 @torch.no_grad()
-def features(model: FedMechModel, x: Tensor, layer: str | None = None, batch_size: int = 1000) -> Tensor:
-    """Frozen features of ``x``: penultimate (``layer=None``) or the output of gated layer
-    ``layer``, averaged over space when it is a feature map. Float32, ``[N, D]``."""
+def features_at(
+    model: FedMechModel, x: Tensor, layers: Sequence[str] = (), batch_size: int = 1000
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Frozen penultimate features of ``x`` and the outputs of the gated ``layers``
+    (averaged over space when a feature map), all from one forward pass. Float32, ``[N, D]``."""
     model.eval()
-    captured: list[Tensor] = []
-    handle = None
-    if layer is not None:
-        handle = model.layer_module(layer).register_forward_hook(lambda _m, _i, out: captured.append(out))
+    captured: dict[str, list[Tensor]] = {name: [] for name in layers}
+
+    def keep(name: str):
+        def hook(_module, _inputs, out: Tensor) -> None:
+            captured[name].append((out.mean(dim=(2, 3)) if out.dim() == 4 else out).float())
+
+        return hook
+
+    handles = [model.layer_module(name).register_forward_hook(keep(name)) for name in captured]
     try:
-        chunks = []
-        for i in range(0, len(x), batch_size):
-            out = model.forward_features(x[i : i + batch_size])
-            if layer is not None:
-                out = captured.pop()
-                out = out.mean(dim=(2, 3)) if out.dim() == 4 else out
-            chunks.append(out.float())
+        chunks = [model.forward_features(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)]
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
-    return torch.cat(chunks) if chunks else torch.empty(0, model.feature_dim)
+    widths = model.gated_layers()
+    penultimate = torch.cat(chunks) if chunks else torch.empty(0, model.feature_dim)
+    return penultimate, {name: torch.cat(c) if c else torch.empty(0, widths[name]) for name, c in captured.items()}
+
+
+def features(model: FedMechModel, x: Tensor, layer: str | None = None, batch_size: int = 1000) -> Tensor:
+    """Frozen features of ``x``: penultimate (``layer=None``) or of gated layer ``layer``
+    (see ``features_at``)."""
+    penultimate, at = features_at(model, x, () if layer is None else (layer,), batch_size)
+    return penultimate if layer is None else at[layer]
 
 
 @dataclass
