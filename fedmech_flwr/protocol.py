@@ -76,6 +76,18 @@ def failure_reason(error: Error) -> str:
     return f"raised: {error.reason}" if error.code in RAISED_CODES else f"error {error.code}: {error.reason}"
 
 
+def query_nodes(
+    grid: Grid, node_ids: Iterable[int], action: str, arrays: ArrayRecord, config: ConfigRecord, timeout: float
+) -> Iterable[Message]:
+    """Send ``query.<action>`` with ``arrays`` and ``config`` to every node; return the
+    replies that arrived within ``timeout`` (errors included)."""
+    messages = [
+        Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=f"{MessageType.QUERY}.{action}")
+        for node in node_ids
+    ]
+    return grid.send_and_receive(messages, timeout=timeout)
+
+
 def discover_partitions(grid: Grid, expected: int, timeout: float) -> dict[int, int]:
     """Ask every node for its partition-id; return ``{partition_id: node_id}``.
 
@@ -356,15 +368,8 @@ class RoundProtocol(Strategy):
     def _global_pass(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
         """Send the new aggregate to this round's clients for ``client_side_global``."""
         config = ConfigRecord({CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
-        messages = [
-            Message(
-                RecordDict({"arrays": arrays, "config": config}),
-                dst_node_id=self.partitions[pid],
-                message_type=f"{MessageType.QUERY}.{DIAGNOSE_ACTION}",
-            )
-            for pid in updates
-        ]
-        for reply in self._grid.send_and_receive(messages, timeout=self.cfg.federation.round_timeout_s):
+        nodes = [self.partitions[pid] for pid in updates]
+        for reply in query_nodes(self._grid, nodes, DIAGNOSE_ACTION, arrays, config, self.cfg.federation.round_timeout_s):
             pid = self.node_to_partition[reply.metadata.src_node_id]
             if reply.has_error():
                 reason = f"diagnostic pass: {failure_reason(reply.error)}"

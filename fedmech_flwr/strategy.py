@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record
 from fedmech_flwr.heads import ClassStats, Covariance
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.protocol import query_nodes
 from fedmech_flwr.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,13 @@ STRATEGIES: Registry[Callable[[Any, StrategyContext], Strategy]] = Registry("str
 
 def request_class_stats(
     grid: Grid, node_ids: Iterable[int], arrays: ArrayRecord, config: ConfigRecord, covariance: Covariance, timeout: float
-) -> tuple[ClassStats, list[int]]:
+) -> ClassStats:
     """Ask nodes for per-class statistics of ``arrays``' penultimate features on their
-    own data; return the statistics summed over the nodes that answered and the nodes that
-    failed (logged). ``config`` must carry the experiment (the train config does)."""
+    own data; return the statistics summed over the nodes that answered (failures are
+    logged). ``config`` must carry the experiment (the train config does)."""
     query = ConfigRecord({**dict(config), "covariance": covariance})
-    messages = [
-        Message(RecordDict({"arrays": arrays, "config": query}), dst_node_id=node, message_type=f"{MessageType.QUERY}.{CLASS_STATS_ACTION}")
-        for node in node_ids
-    ]
     parts, failed = [], []
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in query_nodes(grid, node_ids, CLASS_STATS_ACTION, arrays, query, timeout):
         if reply.has_error():
             failed.append(reply.metadata.src_node_id)
             log.warning("node %d sent no class statistics: %s", reply.metadata.src_node_id, reply.error.reason)
@@ -85,4 +82,4 @@ def request_class_stats(
         parts.append(ClassStats.from_arrays(from_record(reply.content["stats"])))
     if not parts:
         raise RuntimeError(f"no node returned class statistics (failed: {failed})")
-    return ClassStats.sum(parts), failed
+    return ClassStats.sum(parts)

@@ -135,7 +135,7 @@ class NearestClassMean(RealigningFedAvg):
     feature means of the new aggregate."""
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
-        stats, _ = request_class_stats(self._grid, nodes, arrays, self._train_config, "diagonal", self.ctx.round_timeout_s)
+        stats = request_class_stats(self._grid, nodes, arrays, self._train_config, "diagonal", self.ctx.round_timeout_s)
         return ncm_head(stats, LinearHead.of(model))
 
 
@@ -159,7 +159,7 @@ class CCVR(RealigningFedAvg):
         self.params = params
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
-        stats, _ = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
+        stats = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
         generator = seed_everything(self.ctx.seed, server_round, 2106)
         return ccvr_head(stats, LinearHead.of(model), self.params.virtual_per_class, self.params.train, generator)
 
