@@ -140,8 +140,6 @@ class Misalignment(Diagnostic):
         return {"class_stats": save_bytes(stats.to_arrays())}
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
-        if "audit" not in state.datasets:
-            raise ConfigError("misalignment needs the audit set; set data.audit_per_class", "data.audit_per_class")
         p, n = self.params, state.num_classes
         x_audit, y_audit = state.datasets["audit"]
         x_test, y_test = state.datasets["test"]
