@@ -16,7 +16,7 @@ import yaml
 
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.run_folder import CONFIG_FILE, read_records
 
 COLUMNS = {
     "global": "global",
@@ -42,7 +42,7 @@ def table_row(run: Path, server_round: int | None) -> dict[str, str]:
         at = f" at round {server_round}" if server_round is not None else ""
         raise ConfigError(f"{run} has no misalignment records{at}; run it with the misalignment diagnostic")
     record = records[-1]
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = yaml.safe_load((run / CONFIG_FILE).read_text())
     pct = lambda key: f"{100 * record[key]['accuracy']:.1f}" if key in record else "-"  # noqa: E731
     return {
         "run": run.name,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -47,15 +46,13 @@ from fedmech_flwr.heads import (
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, request_class_stats
 from fedmech_flwr.training import seed_everything
-from strategies.fedavg import WeightedFedAvg
+from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RealignConfig:
-    weighting: Literal["examples", "uniform"] = "examples"
-    """Client weights of the average (see ``fedavg``)."""
+class RealignConfig(FedAvgConfig):
     every: int | None = field(default=1, metadata={"ge": 1})
     """Realign after every N-th aggregation and always after the final one; null: only
     after the final round (the federated trajectory is then plain FedAvg's)."""
