@@ -72,9 +72,11 @@ class RealigningFedAvg(WeightedFedAvg):
         return server_round == self.ctx.num_rounds or (self.every is not None and server_round % self.every == 0)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        # Kept for strategies that query the clients after aggregation.
-        self._grid, self._train_config = grid, ConfigRecord({**dict(config), "server-round": server_round})
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = super().configure_train(server_round, arrays, config, grid)
+        # Kept for strategies that query the clients after aggregation; FedAvg has written
+        # "server-round" into ``config``.
+        self._grid, self._train_config = grid, config
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
