@@ -19,9 +19,12 @@ class ProximalClient(FedMechClient):
         if "proximal-mu" not in config:
             raise RuntimeError("the proximal client needs 'proximal-mu' in the train config; use strategy fedprox")
         self.mu = float(config["proximal-mu"])
-        self.set_parameters(parameters)
-        self.anchor = [p.detach().clone() for p in self.model.parameters()]
         return super().fit(parameters, config)
+
+    def set_parameters(self, parameters: list[np.ndarray]) -> None:
+        """Load the global weights and keep a copy: the anchor ``w_global`` of the proximal term."""
+        super().set_parameters(parameters)
+        self.anchor = [p.detach().clone() for p in self.model.parameters()]
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         proximal = sum((p - a).pow(2).sum() for p, a in zip(self.model.parameters(), self.anchor))
