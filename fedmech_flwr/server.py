@@ -95,7 +95,7 @@ def run_experiment(
     audit_set = (audit_x.to(device), bundle.y_train[audit].to(device)) if len(audit) else None
     context = StrategyContext(
         bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
-        model_arrays(model), model_builder(cfg, bundle, device), device, audit_set,
+        model_arrays(model), model_builder(cfg, bundle, device), audit_set,
     )
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
     diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]

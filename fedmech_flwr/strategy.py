@@ -56,11 +56,10 @@ class StrategyContext:
     initial: NamedArrays
     """The model every run starts from (round 0)."""
     build_model: Callable[[NamedArrays], FedMechModel]
-    """A fresh model (eval mode, on ``device``) holding the given arrays."""
-    device: torch.device
+    """A fresh model (eval mode, on the run's device) holding the given arrays."""
     audit: tuple[torch.Tensor, torch.Tensor] | None
-    """The server-held audit set (``data.audit_per_class``), held out from every client;
-    None when the experiment has none."""
+    """The server-held audit set (``data.audit_per_class``, on the run's device), held out
+    from every client; None when the experiment has none."""
 
 
 STRATEGIES: Registry[Callable[[Any, StrategyContext], Strategy]] = Registry("strategy")
