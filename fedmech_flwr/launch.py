@@ -14,7 +14,8 @@ the SuperLink's working directory first on ``sys.path``). Runtime dependency ins
 is off (it would ``uv sync`` a fresh environment over the installed torch). The run's real
 status is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed),
 and everything started here is stopped before returning, also on an exception or SIGTERM
-(which the CLI turns into one).
+(which the CLI turns into one). If this process dies without unwinding (SIGKILL), a small
+reaper (``fedmech_flwr.reaper``) kills what it started and removes its private folder.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from fedmech_flwr.config import SimulationConfig
+from fedmech_flwr.reaper import MARKER, start_reaper
 from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive
 
 log = logging.getLogger(__name__)
@@ -127,13 +131,15 @@ class _LocalFlower:
 
     def __init__(self, home: Path, port: int, ca: Path | None = None, ray_address: str | None = None) -> None:
         self.home, self.port, self.ca = home, port, ca
+        self.reaper = start_reaper(home)
         (home / LOGS_DIR).mkdir()
         tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
         )
-        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR)}
+        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR),
+                    MARKER: str(home)}
         if ray_address:
             self.env["RAY_ADDRESS"] = ray_address
         else:  # a private Ray, whatever RAY_ADDRESS the user's shell may hold
@@ -201,8 +207,11 @@ class _LocalFlower:
         path = self.log_file(name)
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
-    def run(self, run_config: dict[str, str], federation_config: str | None = None) -> LaunchResult:
-        """``flwr run`` this app, stream its log to stdout, and read the run's final status."""
+    def run(self, run_config: dict[str, str], federation_config: str | None = None,
+            stream: TextIO | None = None) -> LaunchResult:
+        """``flwr run`` this app, stream its log to ``stream`` (default: stdout), and read
+        the run's final status."""
+        stream = stream or sys.stdout
         cmd = [_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
                "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
         if federation_config:
@@ -211,8 +220,8 @@ class _LocalFlower:
         proc = subprocess.Popen(cmd, cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            stream.write(line)
+            stream.flush()
             if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
                 run_id = int(m.group(1))
         proc.wait()
@@ -230,9 +239,40 @@ class _LocalFlower:
             return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
     def close(self) -> None:
-        """Stop every process started here, newest first (SuperNodes before the SuperLink)."""
+        """Stop every process started here, newest first (SuperNodes before the SuperLink),
+        then the reaper, which has nothing left to do."""
         for proc in reversed(self.procs):
             _stop(proc)
+        self.reaper.kill()
+        self.reaper.wait()
+
+
+_OPEN: set[_LocalFlower] = set()
+"""The local Flowers of this process that are running (``stop_all`` stops them)."""
+_OPEN_LOCK = threading.Lock()
+
+
+def _opened(stack: ExitStack, flower: _LocalFlower) -> _LocalFlower:
+    """Track ``flower`` until ``stack`` closes it."""
+    with _OPEN_LOCK:
+        _OPEN.add(flower)
+
+    def close() -> None:
+        with _OPEN_LOCK:
+            _OPEN.discard(flower)
+        flower.close()
+
+    stack.callback(close)
+    return flower
+
+
+def stop_all() -> None:
+    """Stop every run this process has going (``fedmech sweep`` on Ctrl-C or SIGTERM: its
+    runs go on in worker threads, which signals do not reach)."""
+    with _OPEN_LOCK:
+        flowers = list(_OPEN)
+    for flower in flowers:
+        flower.close()
 
 
 def _quote(value: str) -> str:
@@ -245,22 +285,25 @@ def _quote(value: str) -> str:
     return '"' + json.dumps(value)[1:-1].replace('"', "u0022") + '"'
 
 
-def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig) -> LaunchResult:
+def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
+           num_cpus: int | None = None, stream: TextIO | None = None) -> LaunchResult:
     """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink.
 
     The clients' resources go to Flower's Ray backend through ``--federation-config``;
-    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray.
+    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray, and
+    ``num_cpus`` caps the private Ray (runs side by side share the machine). Flower's log
+    goes to ``stream`` (default: stdout).
     """
     with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp, ExitStack() as stack:
-        flower = _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address)
-        stack.callback(flower.close)
+        flower = _opened(stack, _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address))
         flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
         if sim.ray_address:
             log.info("simulation uses the existing Ray cluster at %s", sim.ray_address)
-        return flower.run(run_config, (
-            f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
-            f"client-resources-num-gpus={sim.gpus_per_client}"
-        ))
+        federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
+                      f"client-resources-num-gpus={sim.gpus_per_client}")
+        if num_cpus and not sim.ray_address:
+            federation += f" init-args-num-cpus={num_cpus}"
+        return flower.run(run_config, federation, stream)
 
 
 def deploy_local(
@@ -290,7 +333,7 @@ def deploy_local(
             creds.check(num_nodes, auth)
         flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
         stack.callback(_keep_logs, flower, Path(run_config["run-dir"]))
-        stack.callback(flower.close)
+        _opened(stack, flower)
         if creds:
             cert, key = creds.server
             security = ["--ssl-ca-certfile", str(creds.ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
