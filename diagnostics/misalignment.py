@@ -16,7 +16,12 @@ Every due round it puts side by side, on the test set, overall and per class:
 - ``ncm`` / ``ccvr``: heads rebuilt from per-class statistics of the global model's
   features that the clients compute on their own data (no server data; one
   ``query.diagnose`` round trip);
-- gaps ``probe - global`` and ``realigned - global``, overall and per class.
+- gaps ``probe - global`` and ``realigned - global``, overall and per class, as fractions of
+  the test set (0.136 is 13.6 percentage points; the console and the table show pp).
+
+Every head's record carries its most predicted class and that class's share of the test
+images (``max_predicted_class``, ``max_predicted_fraction``): above ``DEGENERATE_FRACTION``
+the head is a degenerate predictor, which its accuracy hides; the round's log line warns.
 
 Optionally it also probes named gated layers (average-pooled) and every client's model.
 The server's labelled data is the audit set (``data.audit_per_class``, held out from every
@@ -28,6 +33,7 @@ weights are never touched.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,8 +64,8 @@ from fedmech_flwr.heads import (
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.plotting import heatmap, line_plot
-from fedmech_flwr.training import seed_everything
+from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+from fedmech_flwr.training import DEGENERATE_FRACTION, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +188,15 @@ class Misalignment(Diagnostic):
             }
         results["split"] = {"train": len(splits.train), "validation": len(splits.validation), "head": len(splits.head)}
         log.info(
-            "round %d | global %.1f%% | probe %.1f%% (%+.1f) | realigned %.1f%% (%+.1f)",
+            "round %d | global %.1f%% | probe %.1f%% (%+.1f pp) | realigned %.1f%% (%+.1f pp)",
             state.server_round, 100 * results["global"]["accuracy"], 100 * results["probe"]["accuracy"],
             100 * results["gaps"]["probe"], 100 * results["realigned"]["accuracy"], 100 * results["gaps"]["realigned"],
         )
+        degenerate = [f"{key} (class {results[key]['max_predicted_class']}: "
+                      f"{100 * results[key]['max_predicted_fraction']:.0f}%)" for key in degenerate_heads(results)]
+        if degenerate:
+            log.warning("round %d: degenerate head(s), one class for > %.0f%% of the test images: %s",
+                        state.server_round, 100 * DEGENERATE_FRACTION, ", ".join(degenerate))
         return DiagnosticResult(metrics=results)
 
     def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
@@ -231,7 +242,7 @@ class Misalignment(Diagnostic):
         return out
 
     @classmethod
-    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         if not records:
             return []
         lines = {
@@ -243,14 +254,21 @@ class Misalignment(Diagnostic):
         rounds = [r["round"] for r in records]
         for key in ("probe", "realigned"):
             gaps = np.array([[np.nan if g is None else g for g in r["per_class_gaps"][key]] for r in records]).T
-            out.append(heatmap(gaps, rounds, [f"class {c}" for c in range(len(gaps))],
-                               f"Per-class gap: {key} - global (test recall)",
+            out.append(heatmap(gaps, rounds, class_labels(range(len(gaps)), class_names),
+                               f"Per-class gap: {key} - global (test recall, as a fraction)",
                                plots_dir / f"misalignment_gap_{key}.png", vmin=-1.0, vmax=1.0, cmap="RdBu"))
         return out
 
 
+def degenerate_heads(record: dict[str, Any]) -> list[str]:
+    """The heads (``CURVES``) of a misalignment record that predict one class for more than
+    ``DEGENERATE_FRACTION`` of the test images."""
+    return [key for key in CURVES if record.get(key, {}).get("max_predicted_fraction", 0.0) > DEGENERATE_FRACTION]
+
+
 def _scores(s: Scores) -> dict[str, Any]:
-    return {"accuracy": s.accuracy, "per_class": s.per_class_accuracy}
+    return {"accuracy": s.accuracy, "per_class": s.per_class_accuracy, "max_predicted_class": s.max_predicted_class,
+            "max_predicted_fraction": s.max_predicted_fraction}
 
 
 def _class_gap(a: list[float | None], b: list[float | None]) -> list[float | None]:

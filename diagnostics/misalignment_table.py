@@ -1,22 +1,32 @@
 """``fedmech misalignment-table RUN_DIR ...``: the paper's table from run folders.
 
-One row per run (its partition, strategy and client), read from the ``misalignment``
-records of its metrics.jsonl at the last round (or ``--round N``): test accuracy of the
-global model, the linear probe, the realigned head (validation- and test-selected), the
-data-free heads, and the two gaps, in percent. Markdown, so it pastes into notes.
+One row per run (its partition, strategy with its weighting, and client), read from the
+``misalignment`` records of its metrics.jsonl at the last round (or ``--round N``): test
+accuracy of the global model, the linear probe, the realigned head (validation- and
+test-selected) and the data-free heads in percent, and the two gaps in percentage points
+(the records hold fractions). A head that predicts one class for more than
+``DEGENERATE_FRACTION`` of the test images is flagged next to its accuracy.
+
+When an IID run is among the runs, every run with the same settings otherwise (the config
+equal but for ``name``, ``output_root`` and ``data.partition``) also gets its
+skew-attributable gaps: each gap minus the IID run's gap at the same round, since a probe
+beats the global model under IID as well. Markdown, so it pastes into notes.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from diagnostics.misalignment import degenerate_heads
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.run_folder import CONFIG_FILE, read_records
+from fedmech_flwr.training import DEGENERATE_FRACTION
 
 COLUMNS = {
     "global": "global",
@@ -27,6 +37,9 @@ COLUMNS = {
     "ncm": "NCM (client stats)",
     "ccvr": "CCVR (client stats)",
 }
+GAPS = ("probe", "realigned")
+DEGENERATE_NOTE = (f"[c: p%] after an accuracy: a degenerate head, it predicts class c for p% of the test images "
+                   f"(more than {100 * DEGENERATE_FRACTION:.0f}%)")
 
 
 def _describe(component: dict[str, Any]) -> str:
@@ -34,42 +47,96 @@ def _describe(component: dict[str, Any]) -> str:
     return f"{component['name']}({params})" if params else component["name"]
 
 
-def table_row(run: Path, server_round: int | None) -> dict[str, str]:
+def read_record(run: Path, server_round: int | None) -> dict[str, Any]:
+    """The run's misalignment record of ``server_round`` (default: its last one)."""
     records = [r for r in read_records(run, "diagnostic") if r["name"] == "misalignment"]
-    if server_round is not None:
-        records = [r for r in records if r["round"] == server_round]
     if not records:
-        at = f" at round {server_round}" if server_round is not None else ""
-        raise ConfigError(f"{run} has no misalignment records{at}; run it with the misalignment diagnostic")
-    record = records[-1]
-    cfg = yaml.safe_load((run / CONFIG_FILE).read_text())
-    pct = lambda key: f"{100 * record[key]['accuracy']:.1f}" if key in record else "-"  # noqa: E731
+        raise ConfigError(f"{run} has no misalignment records; run it with the misalignment diagnostic")
+    if server_round is None:
+        return records[-1]
+    for record in records:
+        if record["round"] == server_round:
+            return record
+    rounds = [r["round"] for r in records]
+    span = f"{rounds[0]} to {rounds[-1]}" if rounds == list(range(rounds[0], rounds[-1] + 1)) else str(rounds)
+    raise ConfigError(f"{run} has no misalignment record at round {server_round}: it has them for rounds {span}")
+
+
+def skew_gaps(record: dict[str, Any], iid_record: dict[str, Any]) -> dict[str, float]:
+    """Each gap of ``record`` minus the same gap of the IID run's record (fractions): the part
+    of the gap that label skew, not the probe's or the head's own advantage, accounts for."""
+    return {key: record["gaps"][key] - iid_record["gaps"][key] for key in GAPS}
+
+
+def table_row(run: Path, cfg: dict[str, Any], record: dict[str, Any]) -> dict[str, str]:
+    """One row: the run's settings, every head's accuracy (%, degenerate heads flagged) and the gaps (pp)."""
+    degenerate = degenerate_heads(record)
+
+    def pct(key: str) -> str:
+        if key not in record:
+            return "-"
+        cell = f"{100 * record[key]['accuracy']:.1f}"
+        if key in degenerate:
+            cell += f" [{record[key]['max_predicted_class']}: {100 * record[key]['max_predicted_fraction']:.0f}%]"
+        return cell
+
     return {
         "run": run.name,
         "partition": _describe(cfg["data"]["partition"]),
-        "strategy": cfg["strategy"]["name"],
+        "strategy": _describe(cfg["strategy"]),
         "client": cfg["client"]["name"],
         "round": str(record["round"]),
-        **{label: pct(key) for key, label in COLUMNS.items()},
-        "probe - global": f"{100 * record['gaps']['probe']:+.1f}",
-        "realigned - global": f"{100 * record['gaps']['realigned']:+.1f}",
+        **{f"{label} (%)": pct(key) for key, label in COLUMNS.items()},
+        **{f"{key} - global (pp)": f"{100 * record['gaps'][key]:+.1f}" for key in GAPS},
     }
 
 
-def markdown(rows: list[dict[str, str]]) -> str:
+def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config without what an IID baseline may differ in."""
+    out = {k: v for k, v in cfg.items() if k not in ("name", "output_root")}
+    out["data"] = {k: v for k, v in cfg["data"].items() if k != "partition"}
+    return out
+
+
+def table(runs: list[Path], server_round: int | None) -> tuple[list[dict[str, str]], list[str]]:
+    """A ``table_row`` per run, with skew-attributable gap columns when an IID run is given,
+    and the notes that explain the flags used."""
+    configs = {run: yaml.safe_load((run / CONFIG_FILE).read_text()) for run in runs}
+    records = {run: read_record(run, server_round) for run in runs}
+    rows = [table_row(run, configs[run], records[run]) for run in runs]
+    notes = [DEGENERATE_NOTE] if any(degenerate_heads(r) for r in records.values()) else []
+    iid_runs = [run for run in runs if configs[run]["data"]["partition"]["name"] == "iid"]
+    if not iid_runs:
+        return rows, notes
+    for run, row in zip(runs, rows):
+        baseline = next((b for b in iid_runs if b != run and _settings(configs[b]) == _settings(configs[run])), None)
+        iid_record = None
+        if baseline is not None:
+            iid_record = next((r for r in read_records(baseline, "diagnostic")
+                               if r["name"] == "misalignment" and r["round"] == records[run]["round"]), None)
+        skew = skew_gaps(records[run], iid_record) if iid_record else None
+        row["IID baseline"] = baseline.name if skew else "-"
+        for key in GAPS:
+            row[f"{key} gap beyond IID (pp)"] = f"{100 * skew[key]:+.1f}" if skew else "-"
+    notes.append("gap beyond IID: the gap minus the IID run's gap (same settings, same round): what label skew adds")
+    return rows, notes
+
+
+def markdown(rows: list[dict[str, str]], notes: Sequence[str] = ()) -> str:
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row[h] for h in header) + " |" for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + list(notes) if notes else []))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders with misalignment records")
+    parser.add_argument("runs", nargs="+", type=Path,
+                        help="run folders with misalignment records; an IID run among them adds the gaps beyond IID")
     parser.add_argument("--round", type=int, default=None, help="this round instead of the last one")
 
 
 def run(args: argparse.Namespace) -> int:
-    print(markdown([table_row(path, args.round) for path in args.runs]))
+    print(markdown(*table(args.runs, args.round)))
     return 0
 
 

@@ -12,6 +12,7 @@ round started from (only the prunable weight tensors of the model interface):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class WeightDivergence(Diagnostic):
         )
 
     @classmethod
-    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         series: dict[str, dict[str, list[tuple[int, float]]]] = {"relative_distance": {}, "update_cosine": {}, "support_iou": {}}
         for rec in records:
             for pid, entry in rec["clients"].items():

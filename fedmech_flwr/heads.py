@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import recall
+from fedmech_flwr.training import largest_predicted_class, recall
 
 Covariance = Literal["diagonal", "full"]
 
@@ -94,11 +94,18 @@ class Scores:
     accuracy: float
     per_class_accuracy: list[float | None]
     """Recall of each class; None for a class absent from the evaluated set."""
+    max_predicted_class: int
+    """The class predicted most often."""
+    max_predicted_fraction: float
+    """Share of the evaluated images predicted as ``max_predicted_class`` (see
+    ``fedmech_flwr.training.DEGENERATE_FRACTION``)."""
 
 
 def score(head: LinearHead, f: Tensor, y: Tensor, num_classes: int) -> Scores:
-    """Accuracy and per-class recall of ``head`` on features ``f`` with labels ``y``."""
-    return Scores(*recall(head.predict(f), y, num_classes))
+    """Accuracy, per-class recall and the most predicted class of ``head`` on features ``f``
+    with labels ``y``."""
+    pred = head.predict(f)
+    return Scores(*recall(pred, y, num_classes), *largest_predicted_class(pred, num_classes))
 
 
 @dataclass

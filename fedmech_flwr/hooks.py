@@ -22,7 +22,7 @@ circuits) implements ``fedmech_flwr.protocol.Resumable`` so that a resumed run r
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,8 +142,9 @@ class Diagnostic:
         raise NotImplementedError
 
     @classmethod
-    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
-        """Draw this diagnostic's plots from its metrics.jsonl records; return the files."""
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
+        """Draw this diagnostic's plots from its metrics.jsonl records; return the files.
+        ``class_names`` label per-class rows (the dataset's names, as partitions.json has them)."""
         return []
 
 

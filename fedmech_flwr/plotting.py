@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from fedmech_flwr.files import save_figure
@@ -21,14 +24,21 @@ log = logging.getLogger(__name__)
 
 
 def line_plot(
-    lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str, path: Path, ylim: tuple[float, float] | None = None
+    lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str, path: Path, ylim: tuple[float, float] | None = None,
+    notes: dict[str, dict[int, str]] | None = None, footnote: str | None = None,
 ) -> Path:
-    """One line per series of (round, value) points; a legend when there are few lines."""
+    """One line per series of (round, value) points; a legend when there are few lines.
+    ``notes[series][round]`` is written at that point (e.g. how many pairs a mean covers);
+    ``footnote`` goes under the axes."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
     for label, points in lines.items():
         xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        for x, y in zip(xs, ys):
+            if text := (notes or {}).get(label, {}).get(x):
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=6,
+                            color=line.get_color())
     ax.set(title=title, xlabel="round", ylabel=ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ylim:
@@ -36,27 +46,78 @@ def line_plot(
     ax.grid(alpha=0.3)
     if len(lines) <= 12:
         ax.legend(fontsize=8, loc="best")
+    if footnote:
+        fig.supxlabel(footnote, fontsize=7)
     return save_figure(fig, path)
 
 
 def heatmap(
     matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path,
     vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis",
+    notes: np.ndarray | None = None, hatch: np.ndarray | None = None, xlabel: str = "round",
+    footnote: str | None = None,
 ) -> Path:
-    fig = Figure(figsize=(max(6.0, 0.45 * len(rounds) + 3), 0.38 * len(row_labels) + 1.8), layout="constrained")
+    """Rows x rounds (or other columns, named by ``xlabel``), each cell labelled with its
+    value; NaN cells (undefined) are grey. ``notes`` (strings, the matrix's shape) are
+    written under a cell's value, or alone in a grey cell; cells where ``hatch`` is True
+    are hatched (values to read with care, such as IoUs that rest on empty circuits);
+    ``footnote`` goes under the axes."""
+    longest = max((len(line) for r in rounds for line in str(r).split("\n")), default=0)  # long column labels widen
+    column = max(0.45, 0.075 * longest)
+    fig = Figure(figsize=(max(6.0, column * len(rounds) + 3), 0.38 * len(row_labels) + 1.8), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
+    colours = matplotlib.colormaps[cmap].with_extremes(bad="0.85")
+    im = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=colours, vmin=vmin, vmax=vmax)
     ax.set_xticks(range(len(rounds)), [str(r) for r in rounds])
     ax.set_yticks(range(len(row_labels)), row_labels)
-    ax.set(title=title, xlabel="round")
-    if matrix.size <= 400:
-        for (i, j), v in np.ndenumerate(matrix):
-            if np.isfinite(v):
-                red, green, blue, _ = im.cmap(im.norm(v))
-                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set(title=title, xlabel=xlabel)
+    for (i, j), v in np.ndenumerate(matrix):
+        if hatch is not None and hatch[i, j]:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.35", linewidth=0))
+        if matrix.size > 400:
+            continue
+        note = "" if notes is None else notes[i, j]
+        if np.isfinite(v):
+            red, green, blue, _ = im.cmap(im.norm(v))
+            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
+            text, colour = f"{v:.2f}" + (f"\n{note}" if note else ""), "white" if dark else "black"
+        else:
+            text, colour = note, "black"
+        if text:
+            ax.text(j, i, text, ha="center", va="center", fontsize=7 if not note else 6, color=colour)
     fig.colorbar(im, ax=ax, shrink=0.8)
+    if footnote:
+        fig.supxlabel(footnote, fontsize=7)
     return save_figure(fig, path)
+
+
+def band_plot(
+    lines: dict[str, list[tuple[int, float, float, float]]], title: str, ylabel: str, path: Path,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """One line per series of (round, mean, low, high) points with the band low..high
+    shaded; the legend sits to the right of the axes, so long labels stay readable."""
+    fig = Figure(figsize=(9.5, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for label, points in lines.items():
+        rounds, mean, low, high = zip(*sorted(points))
+        (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
+        ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set(title=title, xlabel="round", ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    rounds = {points[0] for series in lines.values() for points in series}
+    if len(rounds) == 1:  # one round: give the axis integer ticks around it
+        ax.set_xlim(min(rounds) - 1, min(rounds) + 1)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return save_figure(fig, path)
+
+
+def class_labels(classes: Iterable[int], class_names: Sequence[str] | None) -> list[str]:
+    """Row labels of per-class plots: the dataset's class names, else the class numbers."""
+    return [class_names[c] if class_names else str(c) for c in classes]
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
@@ -91,9 +152,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                              "Test loss over rounds", "cross-entropy", plots / "loss.png"))
         rounds = [r["round"] for r in evals]
         per_class = np.array([[np.nan if v is None else v for v in r["per_class_accuracy"]] for r in evals]).T
-        names = class_names or [str(c) for c in range(per_class.shape[0])]
-        out.append(heatmap(per_class, rounds, names, "Per-class test accuracy of the global model",
-                            plots / "per_class_accuracy.png"))
+        out.append(heatmap(per_class, rounds, class_labels(range(per_class.shape[0]), class_names),
+                           "Per-class test accuracy of the global model",
+                           plots / "per_class_accuracy.png"))
         sparsity = {"global model": [(r["round"], r["sparsity"]) for r in evals]}
         if by_round:
             mean_client = defaultdict(list)
@@ -109,7 +170,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
             diag_records[r["name"]].append(r)
     for name, recs in diag_records.items():
         if name in DIAGNOSTICS:
-            out.extend(DIAGNOSTICS.get(name).factory.plot(recs, plots))
+            out.extend(DIAGNOSTICS.get(name).factory.plot(recs, plots, class_names))
         else:
             log.warning("no plug-in named %s is registered; its plots are skipped", name)
     return out

@@ -5,6 +5,7 @@ The client must return its weights and ``num-examples`` in the reply's MetricRec
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -14,6 +15,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedmech_flwr.arrays import from_record, to_record, weighted_mean
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,14 +29,22 @@ class FedAvgConfig:
 class WeightedFedAvg(FedAvg):
     """Flower's FedAvg with a choice of client weights and dtype-preserving averaging.
 
-    Overrides only ``aggregate_train``: the mean is taken in float64, in the order the
-    replies arrive (the round protocol sorts them by partition-id), and integer buffers
-    stay integers (Flower's own average turns them into float64).
+    Overrides ``aggregate_train``: the mean is taken in float64, in the order the replies
+    arrive (the round protocol sorts them by partition-id), and integer buffers stay
+    integers (Flower's own average turns them into float64). And ``summary``: Flower's says
+    "Weighted by: 'num-examples'" (the key it reads) whatever the weighting.
     """
 
     def __init__(self, weighting: str = "examples", **kwargs) -> None:
         super().__init__(**kwargs)
         self.weighting = weighting
+
+    def summary(self) -> None:
+        """The start-up log: sampling, and how the average is really weighted."""
+        log.info("\t├──> Sampling: the nodes the round protocol offers (fraction_train %.2f, at least %d)",
+                 self.fraction_train, self.min_train_nodes)
+        model = f"weighted by '{self.weighted_by_key}'" if self.weighting == "examples" else "uniform (1 per client)"
+        log.info("\t└──> Average: model weights %s; train metrics weighted by '%s'", model, self.weighted_by_key)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         valid, _ = self._check_and_log_replies(list(replies), is_train=True)

@@ -11,10 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diagnostics.circuits.ablation import ablate, ablation_report, channel_means
+from diagnostics.circuits.ablation import ablate, ablation_report, channel_means, without_channels
+from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from diagnostics.circuits.discovery import discover_circuits, discover_one_class
 from diagnostics.circuits.gates import GateConfig, gated, hard_concrete_mean, ste_gate
 from diagnostics.circuits.metrics import (
+    PAPER_EMPTY_IOU,
     circuit_iou,
     circuit_size,
     is_empty,
@@ -22,7 +24,9 @@ from diagnostics.circuits.metrics import (
     pack_masks,
     unpack_masks,
 )
+from fedmech_flwr.arrays import model_arrays
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.models import FedMechModel, build_model
 
 
@@ -53,6 +57,18 @@ class OneConv(FedMechModel):
         return F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1).flatten(1)
 
 
+class BiasOnly(OneConv):
+    """OneConv whose head reads no channel for class 2 but has a bias towards it: classes 0
+    and 1 are predicted through their channels, class 2 by the bias alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.head.weight.mul_(2.0)
+            self.head.weight[2].zero_()
+            self.head.bias.copy_(torch.tensor([0.0, 0.0, 3.0]))
+
+
 def one_hot_data(n: int = 60, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % 3
@@ -81,16 +97,19 @@ def channels(mask: dict[str, torch.Tensor], layer: str) -> list[int]:
 
 def test_iou_known_answers():
     a = {"l1": np.array([1, 1, 0, 0], bool), "l2": np.array([0, 0, 0], bool)}
-    assert circuit_iou(a, a) == 1.0 and layer_iou(a, a) == {"l1": 1.0, "l2": 1.0}
+    assert circuit_iou(a, a) == 1.0 and layer_iou(a, a) == {"l1": 1.0, "l2": None}  # l2: empty in both
     disjoint = {"l1": np.array([0, 0, 1, 1], bool), "l2": np.array([1, 0, 0], bool)}
     assert layer_iou(a, disjoint)["l1"] == 0.0 and circuit_iou(a, disjoint) == 0.0
     both_empty = {"l1": torch.zeros(4, dtype=torch.bool), "l2": torch.zeros(3, dtype=torch.bool)}
+    assert circuit_iou(both_empty, both_empty) is None  # undefined, never a perfect score
+    assert circuit_iou(both_empty, a) == 0.0  # an empty circuit against a non-empty one disagrees
     assert layer_iou(both_empty, a, empty_value=0.5)["l2"] == 0.5
-    assert circuit_iou(both_empty, both_empty, empty_value=0.25) == 0.25
+    assert circuit_iou(both_empty, both_empty, empty_value=PAPER_EMPTY_IOU) == 1.0
     partial = {"l1": torch.tensor([True, False, True, False]), "l2": torch.tensor([False, False, False])}
-    # l1: {0,1} vs {0,2} -> 1/3; l2 both empty -> 1.0
+    # l1: {0,1} vs {0,2} -> 1/3; l2 empty in both: left out, or 1.0 under the paper's convention
     assert layer_iou(a, partial)["l1"] == pytest.approx(1 / 3)
-    assert circuit_iou(a, partial) == pytest.approx((1 / 3 + 1.0) / 2)
+    assert circuit_iou(a, partial) == pytest.approx(1 / 3)
+    assert circuit_iou(a, partial, PAPER_EMPTY_IOU) == pytest.approx((1 / 3 + 1.0) / 2)
     assert circuit_size(a) == {"l1": 2, "l2": 0}
     assert not is_empty(a) and is_empty(both_empty)
     with pytest.raises(ValueError, match="different layers"):
@@ -243,11 +262,13 @@ def test_ablation_report_on_hand_built_circuit():
     mask = {"conv": torch.tensor([False, True, False, False])}  # class 2's circuit
     report = ablation_report(model, x, y, 2, mask, means, torch.Generator().manual_seed(0))
     third = pytest.approx(1 / 3)
-    assert report["baseline"] == {"recall": 1.0, "accuracy": 1.0, "predicted_fraction": third}
+    assert report["baseline"] == {"recall": 1.0, "accuracy": 1.0, "predicted_fraction": third,
+                                  "max_predicted_fraction": third}
     assert report["circuit_size"] == {"conv": 1}
     # Alone the circuit still finds class 2 (the others tie at logit 0 and fall to class 0).
     assert report["circuit"]["sufficiency"]["zero"] == {
-        "recall": 1.0, "accuracy": pytest.approx(2 / 3), "predicted_fraction": third
+        "recall": 1.0, "accuracy": pytest.approx(2 / 3), "predicted_fraction": third,
+        "max_predicted_fraction": pytest.approx(2 / 3),  # classes 0 and 1 both fall to class 0
     }
     assert report["circuit"]["necessity"]["zero"]["recall"] == 0.0
     assert report["circuit"]["necessity"]["zero"]["predicted_fraction"] == 0.0
@@ -271,3 +292,56 @@ def test_batchnorm_model_at_both_positions(position):
         baseline = model(x).argmax(1)
     assert torch.equal(ablate(model, x, full, "sufficiency", "mean", means, position), baseline)
     assert state_hash(model) == before and no_hooks(model)
+
+
+# --- empty circuits and degenerate predictors in the diagnostic -------------------------------
+
+
+def one_client_state(model: FedMechModel, local: dict, glob: dict) -> RoundState:
+    """Round 1 with one client (partition 0) whose local and global circuits are given."""
+    arrays = model_arrays(model)
+    update = ClientUpdate(0, arrays, 90, {}, {"circuits": {"masks": pack_masks(local)}},
+                          {"circuits": {"masks": pack_masks(glob)}})
+    x, y = one_hot_data(90, seed=3)
+    return RoundState(1, arrays, arrays, {0: update}, {"test": (x, y)}, 3, lambda a: model, torch.device("cpu"), 0)
+
+
+def test_a_class_the_bias_alone_predicts_has_an_empty_circuit_reported_as_bias_only():
+    model = BiasOnly()
+    x, y = one_hot_data(90, seed=3)
+    assert (model(x).argmax(1) == y).all()
+    masks = discover_circuits(model, x, y, [0, 2], GateConfig(lam=0.05, steps=100, batch_size=16),
+                              torch.Generator().manual_seed(1))
+    assert is_empty(masks[2]) and channels(masks[0], "conv") == [2]
+    assert (without_channels(model, x) == 2).all()  # every gated channel closed: the bias says 2
+    empty = {"conv": np.zeros(4, bool)}
+    diag = Circuits(CircuitsConfig(ablations=["cross"], ablation_samples=90))
+    record = diag.server_side(one_client_state(model, {0: empty, 2: masks[2]}, {0: masks[0], 2: masks[2]})).metrics
+    # class 2's empty circuit needs no channel; class 0's empty local circuit does not explain class 0
+    assert record["per_class"]["2"]["bias_only"] == {"local": [0], "global": [0]}
+    assert record["per_class"]["0"]["empty"] == {"local": [0], "global": []}
+    assert record["per_class"]["0"]["bias_only"] == {"local": [], "global": []}
+    assert record["circuit_counts"] == {"local": {"circuits": 2, "empty": 2, "bias_only": 1},
+                                        "global": {"circuits": 2, "empty": 1, "bias_only": 1}}
+    assert record["per_class"]["2"]["local_to_global"] is None  # empty vs empty: undefined
+    assert record["per_class"]["2"]["local_to_global_undefined"] == 1
+    assert record["predictions"]["global"] == {"max_predicted_class": 0, "max_predicted_fraction": pytest.approx(1 / 3)}
+
+
+def test_a_model_that_predicts_one_class_is_flagged(caplog):
+    model = OneConv()
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))  # always class 2
+    circuit = {"conv": np.array([False, True, False, False])}
+    diag = Circuits(CircuitsConfig(ablations=["cross"], ablation_samples=90))
+    with caplog.at_level("INFO", logger="diagnostics.circuits.diagnostic"):
+        record = diag.server_side(one_client_state(model, {2: circuit}, {2: circuit})).metrics
+    assert record["predictions"]["global"] == {"max_predicted_class": 2, "max_predicted_fraction": 1.0}
+    assert record["ablation"]["cross"]["2"]["degenerate_sufficiency"] == 1
+    assert record["ablation"]["cross"]["2"]["circuit"]["sufficiency"]["zero"]["max_predicted_fraction"] == 1.0
+    text = caplog.text
+    assert "round 1 | circuit IoU intra_client n/a (0 pairs)" in text
+    assert "local_to_global 1.00 (1 pairs)" in text
+    assert "degenerate predictor(s), one class for > 90% of 90 test images: global model (class 2: 100%)" in text
+    assert "sufficiency ablations that predict one class for > 90% of the test images: cross 1 of 1" in text

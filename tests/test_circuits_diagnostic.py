@@ -80,15 +80,28 @@ def test_iou_bookkeeping_matches_hand_computed_values():
     assert r2["per_class"]["0"]["intra_client"] == pytest.approx(np.mean([(1 + 2 / 6) / 2, 1.0]))
     assert r2["per_class"]["1"]["intra_client"] == pytest.approx(0.0)  # b vs empty
     assert r2["per_class"]["1"]["intra_client_empty"] == 1  # the collapse is counted, not hidden
-    assert r2["per_class"]["1"]["local_to_global"] == pytest.approx(1.0)  # empty vs empty = empty_iou
+    assert r2["per_class"]["1"]["local_to_global"] is None  # empty vs empty: undefined, not 1.0
+    assert r2["per_class"]["1"]["local_to_global_undefined"] == 1
     assert r2["per_class"]["1"]["local_to_global_empty"] == 2
+    assert r2["empty_iou"] is None
 
 
-def test_empty_iou_convention_is_configurable():
-    diag = Circuits(CircuitsConfig(ablations=[], empty_iou=0.0))
-    empty = mask([], [])
-    r = diag.server_side(state(1, {0: {0: empty}}, {0: {0: empty}})).metrics
-    assert r["per_class"]["0"]["local_to_global"] == 0.0
+def test_empty_vs_empty_is_left_out_of_means_and_counted_unless_a_convention_is_asked_for():
+    a, b, empty = mask([0, 1], [0, 1, 2, 3]), mask([0, 1], [0, 1]), mask([], [])
+    local, glob = {0: {0: a}, 1: {0: empty}}, {0: {0: b}, 1: {0: empty}}  # conv1 IoU 1, conv2 2/4
+    r = Circuits(CircuitsConfig(ablations=[])).server_side(state(1, local, glob)).metrics
+    assert r["per_class"]["0"]["local_to_global"] == pytest.approx(0.75)  # client 0 only
+    assert (r["per_class"]["0"]["local_to_global_pairs"], r["per_class"]["0"]["local_to_global_undefined"]) == (1, 1)
+    assert r["mean"]["local_to_global"] == pytest.approx(0.75)
+    assert (r["pairs"]["local_to_global"], r["undefined"]["local_to_global"], r["empty"]["local_to_global"]) == (1, 1, 2)
+    # the untrained model says class 0 for every (blank) image, gates open or closed
+    assert r["circuit_counts"]["local"] == {"circuits": 2, "empty": 1, "bias_only": 1}
+    paper = Circuits(CircuitsConfig(ablations=[], empty_iou=1.0)).server_side(state(1, local, glob)).metrics
+    assert paper["per_class"]["0"]["local_to_global"] == pytest.approx((0.75 + 1.0) / 2)  # the paper's convention
+    assert (paper["pairs"]["local_to_global"], paper["undefined"]["local_to_global"]) == (2, 0)
+    assert paper["empty_iou"] == 1.0
+    zero = Circuits(CircuitsConfig(ablations=[], empty_iou=0.0)).server_side(state(1, local, glob)).metrics
+    assert zero["per_class"]["0"]["local_to_global"] == pytest.approx(0.75 / 2)
 
 
 def test_results_keep_bytes_through_a_config_record():
@@ -118,14 +131,18 @@ def test_run_records_circuits_every_round(circuits_run):
         assert r["mean"]["local_to_global"] is not None and r["mean"]["inter_client"] is not None
         for variant in ("global", "cross", "local"):
             report = r["ablation"][variant]["1"]
-            assert set(report) == {"baseline", "circuit", "random", "clients"}
+            assert set(report) == {"baseline", "circuit", "random", "clients", "degenerate_sufficiency"}
             assert set(report["circuit"]) == {"sufficiency", "necessity"}
             assert set(report["circuit"]["sufficiency"]) == {"zero", "mean"}
         assert all(s["local"] is not None and s["global"] is not None for s in r["client_seconds"].values())
     masks = load_arrays(circuits_run / "diagnostics" / "circuits" / "round_002.safetensors")
     assert "local/0/1/conv1" in masks and "global/2/3/conv2" in masks
     assert "local/0/3/conv1" not in masks  # client 0 never held class 3
-    for name in ("circuits_iou.png", "circuits_local_to_global.png", "circuits_size.png"):
+    for r in records:
+        assert set(r["circuit_counts"]) == {"local", "global"} and r["empty_iou"] is None
+        assert set(r["predictions"]["clients"]) == {"0", "1", "2"}
+        assert r["pairs"]["inter_client"] >= 1 and r["ablation"]["cross"]["1"]["degenerate_sufficiency"] >= 0
+    for name in ("circuits_iou.png", "circuits_local_to_global.png", "circuits_size.png", "circuits_empty.png"):
         assert (circuits_run / "plots" / name).stat().st_size > 0
 
 

@@ -53,6 +53,17 @@ def test_uniform_weighting_equals_plain_mean(replies):
     assert not np.allclose(weighted["conv.weight"], got["conv.weight"], atol=1e-3)
 
 
+def test_start_up_log_says_how_the_average_is_weighted(caplog):
+    with caplog.at_level("INFO", logger="strategies.fedavg"):
+        WeightedFedAvg(weighting="uniform").summary()
+    assert "model weights uniform (1 per client); train metrics weighted by 'num-examples'" in caplog.text
+    assert "Weighted by" not in caplog.text  # Flower's line, true only of examples weighting
+    caplog.clear()
+    with caplog.at_level("INFO", logger="strategies.fedavg"):
+        WeightedFedAvg(weighting="examples").summary()
+    assert "model weights weighted by 'num-examples'" in caplog.text
+
+
 def test_int_buffer_stays_int_and_is_rounded(messages):
     counts = [np.array(3, dtype=np.int64), np.array(4, dtype=np.int64), np.array(10, dtype=np.int64)]
     msgs = [

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from conftest import rolled_head, small_cnn
-from diagnostics.misalignment import Misalignment, MisalignmentConfig
+from diagnostics.misalignment import Misalignment, MisalignmentConfig, degenerate_heads
+from diagnostics.misalignment_table import skew_gaps, table, table_row
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
 from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError
@@ -130,13 +135,58 @@ def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path, capsys, 
         assert (run / "plots" / name).is_file()
 
     assert main(["misalignment-table", str(run), "--round", "1"]) == 0
-    header, rule, row = capsys.readouterr().out.strip().splitlines()
-    assert "| probe |" in header and "| realigned - global |" in header and rule.startswith("|---|")
+    header, rule, row = capsys.readouterr().out.strip().splitlines()[:3]
+    assert "| probe (%) |" in header and "| realigned - global (pp) |" in header and rule.startswith("|---|")
     cells = dict(zip(header.strip("| ").split(" | "), row.strip("| ").split(" | ")))
     assert cells["round"] == "1" and cells["partition"] == "dirichlet(alpha=0.5, min_samples=10, max_attempts=100)"
-    assert float(cells["probe"]) == pytest.approx(100 * records[0]["probe"]["accuracy"], abs=0.05)
+    assert cells["strategy"] == "fedavg(weighting=examples)"
+    assert float(cells["probe (%)"].split()[0]) == pytest.approx(100 * records[0]["probe"]["accuracy"], abs=0.05)
+    assert 0.0 < records[-1]["global"]["max_predicted_fraction"] <= 1.0
+    assert main(["misalignment-table", str(run), "--round", "9"]) == 2
+    assert "no misalignment record at round 9: it has them for rounds 1 to 2" in capsys.readouterr().err
     assert main(["misalignment-table", str(smoke_run)]) == 2  # a run without the diagnostic
     assert "has no misalignment records" in capsys.readouterr().err
+
+    # an IID run of the same settings: each gap minus the IID run's gap of the same round
+    iid = tmp_path / "iid-copy"
+    shutil.copytree(run, iid)
+    config = yaml.safe_load((iid / "config.yaml").read_text())
+    config["data"]["partition"], config["name"] = {"name": "iid"}, "iid-copy"
+    (iid / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [json.loads(line) for line in (iid / "metrics.jsonl").read_text().splitlines()]
+    for r in lines:
+        if r.get("name") == "misalignment":
+            r["gaps"] = {"probe": 0.125, "realigned": -0.25}
+    (iid / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows, notes = table([run, iid], None)
+    assert rows[0]["IID baseline"] == "iid-copy" and rows[1]["IID baseline"] == "-"
+    assert rows[0]["probe gap beyond IID (pp)"] == f"{100 * (records[-1]['gaps']['probe'] - 0.125):+.1f}"
+    assert rows[0]["realigned gap beyond IID (pp)"] == f"{100 * (records[-1]['gaps']['realigned'] + 0.25):+.1f}"
+    assert any("gap beyond IID" in note for note in notes)
+
+
+def test_skew_attributable_gap_is_the_gap_minus_the_iid_gap():
+    record = {"gaps": {"probe": 0.254, "realigned": 0.055}}
+    iid = {"gaps": {"probe": 0.136, "realigned": -0.009}}
+    assert skew_gaps(record, iid) == {"probe": pytest.approx(0.118), "realigned": pytest.approx(0.064)}
+
+
+def test_a_head_that_predicts_one_class_is_flagged(separable_cnn, caplog):
+    model, data = separable_cnn
+    arrays = model_arrays(model)
+    arrays["head.weight"] = np.zeros_like(arrays["head.weight"])  # the head says class 1, always
+    arrays["head.bias"] = np.eye(NUM_CLASSES, dtype=arrays["head.bias"].dtype)[1]
+    with caplog.at_level("INFO", logger="diagnostics.misalignment"):
+        record = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD)).server_side(
+            round_state(arrays, data)).metrics
+    assert record["global"]["max_predicted_class"] == 1 and record["global"]["max_predicted_fraction"] == 1.0
+    assert record["probe"]["max_predicted_fraction"] < 0.5  # the features still separate the classes
+    assert "global" in degenerate_heads(record) and "probe" not in degenerate_heads(record)
+    assert "degenerate head(s), one class for > 90% of the test images: global (class 1: 100%)" in caplog.text
+    row = table_row(Path("run"), {"data": {"partition": {"name": "iid"}}, "strategy": {"name": "fedavg"},
+                                  "client": {"name": "plain"}}, {**record, "round": 3})
+    assert row["global (%)"] == f"{100 * record['global']['accuracy']:.1f} [1: 100%]"
+    assert "[" not in row["probe (%)"]
 
 
 def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):

@@ -12,12 +12,14 @@ import torch.nn.functional as F
 from diagnostics.usae.activations import InMemorySource, StreamingSource, collect_tokens
 from diagnostics.usae.metrics import (
     ConceptOverlap,
+    calibrated_overlap,
     concept_activity,
     concept_mask,
     dead_fraction,
     explained_variance,
     finish_from_layer,
     l0,
+    min_unique_count,
     r2_matrix,
     shared_unique,
     stitch_accuracy,
@@ -224,6 +226,27 @@ def test_l0_dead_fraction_and_concept_counts():
         concept_mask("shared", 0)
     with pytest.raises(ValueError, match=r"got 'shard'"):
         concept_mask("shard", 0, activity)
+
+
+def test_calibrated_rule_sets_rarely_firing_unique_concepts_apart():
+    assert min_unique_count(10) == 8  # 0.5**8 <= 0.05 / 10 < 0.5**7
+    assert min_unique_count(2 * 1024) == 16
+    counts = np.array([[100, 3, 0, 50, 0], [0, 0, 0, 40, 1]])  # 10 tests: unique needs 8 firings
+    overlap, minimum = calibrated_overlap(counts)
+    assert minimum == 8
+    assert overlap == ConceptOverlap(shared=1, unique=[1, 0], dead=1, alive=4, too_rare=2)
+    assert overlap.overlap == 0.5 and shared_unique(counts).overlap == 0.25
+
+
+def test_models_with_identical_firing_rates_share_99_percent_under_the_calibrated_rule():
+    """Two identical models: each concept fires at the same rate in both, many of them about
+    once in 49,000 tokens, so which of the two a rare concept happens to fire in is chance."""
+    rng = np.random.default_rng(0)
+    rates = 10 ** rng.uniform(-5, -1, 1024)
+    counts = rng.binomial(49_000, rates, size=(2, 1024))
+    assert shared_unique(counts).overlap < 0.95  # the paper's rule: chance single firings look unique
+    overlap, _ = calibrated_overlap(counts)
+    assert overlap.overlap >= 0.99 and overlap.too_rare > 50
 
 
 def test_finish_from_layer_with_the_true_tokens_is_the_model(trained_cnn):

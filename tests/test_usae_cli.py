@@ -42,6 +42,8 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     assert main(["usae", str(smoke_run), f"{usae_run}@1", "--layer", "conv2", "--out", str(out), *TINY]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert Path(printed[-1]) == out.resolve()
+    assert "(fires once, the paper's rule)" in printed[0] and "(calibrated: unique needs >= " in printed[0]
+    assert printed[1].startswith(f"null control, {smoke_run.name} against itself: cross R^2 ")
     for name in ("usae.safetensors", "metrics.json", "config.json", "plots/usae_r2.png",
                  "plots/usae_activity.png", "plots/usae_stitching.png"):
         assert (out / name).is_file(), name
@@ -50,11 +52,15 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     r2 = np.array(metrics["r2"])
     assert r2.shape == (2, 2) and np.isfinite(r2).all()
     assert metrics["models"] == [smoke_run.name, f"{usae_run.name}@1"]
-    for key in ("fires_once", "thresholded"):
+    for key in ("fires_once", "thresholded", "calibrated"):
         o = metrics["overlap"][key]
         assert o["shared"] + sum(o["unique"].values()) <= o["alive"] <= metrics["dict_size"] == 16
         assert 0.0 <= o["overlap"] <= 1.0
     assert metrics["overlap"]["thresholded"]["threshold"] == 0.01
+    assert metrics["overlap"]["calibrated"]["min_count"] == 10  # 2 models x 16 concepts at alpha 0.05
+    null = metrics["null_control"]
+    assert null["models"] == [f"{smoke_run.name} (copy 0)", f"{smoke_run.name} (copy 1)"]
+    assert set(null["overlap"]) == {"fires_once", "thresholded", "calibrated"}
     assert len(metrics["stitching"]) == 2 * 2 * 3  # (i -> j incl. i -> i) x {all, shared, unique}
     row = metrics["stitching"][0]
     assert 0.0 <= row["accuracy"] <= 1.0 and set(row) >= {"percent_of_own", "own_accuracy", "concepts_kept"}
@@ -68,13 +74,16 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
 
 def test_audit_split_and_test_split_are_recorded(smoke_run, usae_run, tmp_path):
     out = tmp_path / "audit"
-    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out), *TINY]) == 0
-    data = json.loads((out / "metrics.json").read_text())["data"]
+    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out), "--no-null-control",
+                 *TINY]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    data = metrics["data"]
+    assert "null_control" not in metrics
     assert data["split"] == "audit" and data["num_images"] == 40
     assert f"NOT held out from {smoke_run.name}" in data["note"]
     out = tmp_path / "test"
     assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out),
-                 "--split", "test", "--max-images", "30", *TINY]) == 0
+                 "--split", "test", "--max-images", "30", "--no-null-control", *TINY]) == 0
     data = json.loads((out / "metrics.json").read_text())["data"]
     assert data == {"split": "test", "note": "the test set (the paper's choice)", "num_images": 30}
 
@@ -84,12 +93,13 @@ def test_two_identical_sources_give_a_symmetric_r2_matrix(smoke_run, tmp_path):
     config = smoke_run / "config.yaml"
     weights = smoke_run / "model_final.safetensors"
     assert main(["usae", str(smoke_run), f"{config}:{weights}", "--layer", "conv2", "--out", str(out),
-                 "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5"]) == 0
+                 "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5", "--no-null-control"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     r2 = np.array(metrics["r2"])
     assert np.abs(r2 - r2.T).max() < 0.05
     assert np.abs(r2 - r2.mean()).max() < 0.05  # cross = self: the models are one model
     assert metrics["overlap"]["fires_once"]["overlap"] == 1.0
+    assert metrics["overlap"]["calibrated"]["overlap"] >= 0.99
 
 
 def test_missing_layer_exits_2_naming_the_valid_layers(smoke_run, usae_run, tmp_path, capsys):
@@ -129,7 +139,7 @@ def test_per_round_diagnostic_records_metrics_every_round(usae_run, tmp_path):
         assert rec["models"] == ["global", "client 0", "client 1", "client 2"]
         assert np.array(rec["r2"]).shape == (4, 4)
         assert rec["data"] == {"split": "audit", "num_images": 40}
-        assert set(rec["overlap"]) == {"fires_once", "thresholded"}
+        assert set(rec["overlap"]) == {"fires_once", "thresholded", "calibrated"}
         assert len(rec["stitching"]) == 4 * 4 * 3
         assert "activity" not in rec
         arrays = load_arrays(usae_run / "diagnostics" / "usae" / f"round_{rec['round']:03d}.safetensors")

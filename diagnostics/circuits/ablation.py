@@ -4,8 +4,10 @@ Sufficiency keeps only the circuit's channels; necessity removes them. A removed
 is set to 0 ("zero") or to its mean activation over a reference set ("mean", the whole
 feature map of the channel becomes that constant). The paper measures class-c recall;
 ``ablation_report`` adds whole-test accuracy and the fraction of images predicted as c
-(a model that always says c has perfect recall) and a random circuit of the same size per
-layer as a control.
+(a model that always says c has perfect recall), the largest share of images predicted as
+any one class (above ``DEGENERATE_FRACTION`` the ablated model is a degenerate predictor) and a
+random circuit of the same size per layer as a control. ``without_channels`` tells an empty
+circuit that needs no gated channel (bias-only) from one where discovery kept nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from diagnostics.circuits.discovery import frozen
 from diagnostics.circuits.gates import Position, patched, resolve_layers
 from diagnostics.circuits.metrics import MaskLike, circuit_size, to_bools
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.training import largest_predicted_class
 
 Mode = Literal["sufficiency", "necessity"]
 Fill = Literal["zero", "mean"]
@@ -87,6 +90,22 @@ def ablate(
     return _predict(model, x, edits, position, batch_size)
 
 
+def predict(model: FedMechModel, x: Tensor, batch_size: int = 512) -> Tensor:
+    """The model's own argmax predictions [N] (CPU), nothing ablated."""
+    return _predict(model, x, {}, "after_norm", batch_size)
+
+
+def without_channels(
+    model: FedMechModel, x: Tensor, position: Position = "after_norm", batch_size: int = 512
+) -> Tensor:
+    """Predicted classes [N] (CPU) with every gated channel closed (set to 0): what the
+    model predicts from its head's bias and ungated paths alone. A class it still predicts
+    this way has an empty circuit that is no failure of discovery: its prediction needs no
+    gated channel (bias-only)."""
+    closed = {name: torch.zeros(k, dtype=torch.bool) for name, k in model.gated_layers().items()}
+    return ablate(model, x, closed, "sufficiency", "zero", position=position, batch_size=batch_size)
+
+
 def ablation_report(
     model: FedMechModel,
     x_test: Tensor,
@@ -102,12 +121,13 @@ def ablation_report(
 
     ``{"class", "circuit_size", "baseline": scores, "circuit": {mode: {fill: scores}},
     "random": {mode: {fill: scores}}}``, where scores are ``recall`` (accuracy on class-cls
-    test images; None if there are none), ``accuracy`` (whole test set) and
-    ``predicted_fraction`` (share of test images predicted as cls). "random" is a circuit
+    test images; None if there are none), ``accuracy`` (whole test set),
+    ``predicted_fraction`` (share of test images predicted as cls) and
+    ``max_predicted_fraction`` (largest share predicted as any one class). "random" is a circuit
     with as many channels per layer, drawn with ``generator``. Fill "mean" is reported only
     when ``means`` is given.
     """
-    y = y_test.cpu()
+    y, n = y_test.cpu(), model.num_classes
     sizes = model.gated_layers()
     random_mask = {}
     for name, k in circuit_size(mask).items():
@@ -118,12 +138,12 @@ def ablation_report(
     report: dict[str, Any] = {
         "class": int(cls),
         "circuit_size": circuit_size(mask),
-        "baseline": _scores(_predict(model, x_test, {}, position, batch_size), y, cls),
+        "baseline": _scores(predict(model, x_test, batch_size), y, cls, n),
     }
     for label, m in (("circuit", mask), ("random", random_mask)):
         report[label] = {
             mode: {
-                fill: _scores(ablate(model, x_test, m, mode, fill, means, position, batch_size), y, cls)
+                fill: _scores(ablate(model, x_test, m, mode, fill, means, position, batch_size), y, cls, n)
                 for fill in fills
             }
             for mode in MODES
@@ -159,10 +179,11 @@ def _predict(
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
 
-def _scores(pred: Tensor, y: Tensor, cls: int) -> dict[str, float | None]:
+def _scores(pred: Tensor, y: Tensor, cls: int, num_classes: int) -> dict[str, float | None]:
     in_class = y == cls
     return {
         "recall": float((pred[in_class] == cls).float().mean()) if in_class.any() else None,
         "accuracy": float((pred == y).float().mean()),
         "predicted_fraction": float((pred == cls).float().mean()),
+        "max_predicted_fraction": largest_predicted_class(pred, num_classes)[1],
     }

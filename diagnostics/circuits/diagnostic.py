@@ -8,14 +8,15 @@ Where each part runs:
   samples); the others are absent, never filled from data the client never had;
 - in the ClientApp on the new aggregate (``client_side_global``, a ``query.diagnose``
   round trip): the *global model's* circuits in that client's context (its data);
-- on the server (``server_side``): IoUs and sufficiency / necessity ablations on the
-  server's test set (a balanced, seeded subset of ``ablation_samples`` images); with
-  ``audit: true``, also the global model's circuits on the server-held audit set
+- on the server (``server_side``): IoUs, prediction checks and sufficiency / necessity
+  ablations on the server's test set (a balanced, seeded subset of ``ablation_samples``
+  images); with ``audit: true``, also the global model's circuits on the server-held audit set
   (``data.audit_per_class``), compared per class with its circuits in client contexts
   (``audit_vs_client_context``) and ablated (variant ``audit``).
 
 Masks travel as packed bytes (one bit per channel). Metrics per round, each per class and
-as a mean over classes, each next to the number of empty circuits it involved:
+as a mean over classes, each next to the number of pairs its mean covers (``pairs``), the
+pairs left out as undefined (``undefined``) and the empty circuits it involved (``empty``):
 
 - ``intra_client``: a client's class-c circuit vs its circuit at its previous participation;
 - ``inter_client``: mean IoU over pairs of clients that both hold class c;
@@ -24,31 +25,54 @@ as a mean over classes, each next to the number of empty circuits it involved:
 - ``inter_class_local`` / ``inter_class_global``: mean IoU between different classes'
   circuits within one model (low = distinct circuits);
 - ``sizes``: mean channels per layer of local and global circuits;
+- ``circuit_counts``: per kind (local, global, audit) how many circuits, how many empty, and
+  how many of those are *bias-only*: the model predicts the class for most of its test
+  images with every gated channel closed, so the prediction needs no gated channel (its
+  head's bias or ungated paths alone); per class, ``empty`` and ``bias_only`` list the
+  clients;
+- ``predictions``: each model's most predicted class and its share of the test images
+  (above ``DEGENERATE_FRACTION`` a degenerate predictor, warned about);
 - ``ablation``: for ``global`` (the global model with its own circuits), ``cross`` (client
   i's local circuit applied to the global model) and ``local`` (each client's model with
-  its circuit): class-c recall, whole-test accuracy and the fraction predicted as c, for
-  sufficiency and necessity with zero / mean fill, next to a random circuit of the same
-  size per layer and the unablated baseline; means over the clients holding the class.
+  its circuit): class-c recall, whole-test accuracy, the fraction predicted as c and the
+  largest fraction predicted as any class, for sufficiency and necessity with zero / mean
+  fill, next to a random circuit of the same size per layer and the unablated baseline;
+  means over the clients holding the class, and how many of them have a degenerate
+  sufficiency ablation (``degenerate_sufficiency``).
 
-IoU = mean over gated layers of |A n B| / |A u B|; two empty layers score ``empty_iou``.
+IoU = mean over gated layers of |A n B| / |A u B|, layers empty in both circuits left out;
+a pair of empty circuits has no IoU (null, excluded from means and counted) unless
+``empty_iou`` gives one (1.0, the paper's convention, recorded as ``empty_iou``). Every round
+logs one summary line and warns when most circuits of a kind are empty or a model is a
+degenerate predictor.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from diagnostics.circuits.ablation import ablation_report, channel_means
+from diagnostics.circuits.ablation import ablation_report, channel_means, predict, without_channels
 from diagnostics.circuits.discovery import discover_circuits
 from diagnostics.circuits.gates import GateConfig
-from diagnostics.circuits.metrics import circuit_iou, circuit_size, is_empty, pack_masks, to_bools, unpack_masks
+from diagnostics.circuits.metrics import (
+    PAPER_EMPTY_IOU,
+    circuit_iou,
+    circuit_size,
+    is_empty,
+    pack_masks,
+    to_bools,
+    unpack_masks,
+)
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import (
     DIAGNOSTICS,
@@ -58,10 +82,15 @@ from fedmech_flwr.hooks import (
     GlobalContext,
     RoundState,
 )
-from fedmech_flwr.plotting import heatmap, line_plot
+from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+from fedmech_flwr.training import DEGENERATE_FRACTION, largest_predicted_class
+
+log = logging.getLogger(__name__)
 
 Variant = Literal["global", "cross", "local"]
 IOU_KEYS = ("intra_client", "inter_client", "local_to_global", "inter_class_local", "inter_class_global")
+PAIR_KEYS = IOU_KEYS[:3]
+"""The IoUs between circuits of one class (per class, then a mean over classes)."""
 
 
 @dataclass
@@ -70,8 +99,10 @@ class CircuitsConfig:
     """How circuits are discovered (the paper's STE gates by default)."""
     min_class_samples: int = field(default=20, metadata={"ge": 1})
     """A client holds class c if it has at least this many samples of c."""
-    empty_iou: float = field(default=1.0, metadata={"ge": 0.0, "le": 1.0})
-    """IoU of two empty layers (the paper's code uses 1.0); empty counts are reported."""
+    empty_iou: float | None = field(default=None, metadata={"ge": 0.0, "le": 1.0})
+    """IoU of a layer empty in both circuits. null (default): undefined, left out of every
+    mean and counted (``undefined``); 1.0 is the paper's code's convention ("they agree"),
+    used only when set here and named in the records (``empty_iou``) and plot titles."""
     ablations: list[Literal["global", "cross", "local"]] = field(default_factory=lambda: ["global", "cross"])
     """Which sufficiency / necessity ablations to run on the server (may be empty)."""
     fills: list[Literal["zero", "mean"]] = field(default_factory=lambda: ["zero", "mean"])
@@ -92,6 +123,27 @@ def _held(y: torch.Tensor, num_classes: int, minimum: int) -> list[int]:
 
 def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
+
+
+def _predictions(global_model, local_models, xs: torch.Tensor) -> dict[str, Any]:
+    """Each model's most predicted class on ``xs`` and its share of them (above
+    ``DEGENERATE_FRACTION`` the model is a degenerate predictor)."""
+
+    def summary(model) -> dict[str, Any]:
+        top, fraction = largest_predicted_class(predict(model, xs), model.num_classes)
+        return {"max_predicted_class": top, "max_predicted_fraction": fraction}
+
+    return {"images": len(xs), "global": summary(global_model),
+            "clients": {str(pid): summary(m) for pid, m in local_models.items()}}
+
+
+def _summary(key: str, scores: list[float | None], empty: int) -> dict[str, Any]:
+    """``key``: mean of the defined IoUs (None if there are none); ``key_pairs``: how many
+    pairs that mean covers; ``key_undefined``: pairs left out (every layer empty in both
+    circuits and no ``empty_iou``); ``key_empty``: empty circuits among all the pairs."""
+    defined = [v for v in scores if v is not None]
+    return {key: _mean(defined), f"{key}_pairs": len(defined), f"{key}_undefined": len(scores) - len(defined),
+            f"{key}_empty": empty}
 
 
 def _balanced_subset(y: torch.Tensor, total: int, num_classes: int, seed: int) -> torch.Tensor:
@@ -160,32 +212,43 @@ class Circuits(Diagnostic):
             }
             per_class[c] = {"clients": holders}
             for key, items in pairs.items():
-                per_class[c][key] = _mean([iou(a, b) for a, b in items])
-                per_class[c][f"{key}_empty"] = sum(is_empty(m) for pair in items for m in pair)
+                per_class[c].update(_summary(key, [iou(a, b) for a, b in items],
+                                             sum(is_empty(m) for pair in items for m in pair)))
 
-        distinct = {"inter_class_local": local, "inter_class_global": glob}
-        mean = {key: _mean([v[key] for v in per_class.values() if v[key] is not None]) for key in IOU_KEYS[:3]}
-        empty = {key: sum(v[f"{key}_empty"] for v in per_class.values()) for key in IOU_KEYS[:3]}
-        for key, models in distinct.items():
+        mean = {key: _mean([v[key] for v in per_class.values() if v[key] is not None]) for key in PAIR_KEYS}
+        counts = {part: {key: sum(v[f"{key}_{part}"] for v in per_class.values()) for key in PAIR_KEYS}
+                  for part in ("pairs", "undefined", "empty")}
+        for key, models in (("inter_class_local", local), ("inter_class_global", glob)):
             scores = [iou(m[a], m[b]) for m in models.values() for a, b in itertools.combinations(sorted(m), 2)]
-            mean[key] = _mean(scores)
-            empty[key] = sum(is_empty(mask) for m in models.values() for mask in m.values())
+            empty = sum(is_empty(mask) for m in models.values() for mask in m.values())
+            summary = _summary(key, scores, empty)
+            mean[key] = summary[key]
+            for part in counts:
+                counts[part][key] = summary[f"{key}_{part}"]
 
         audit = self._audit_circuits(state, global_model) if p.audit else {}
         for c in audit:
             scores = [iou(glob[pid][c], audit[c]) for pid in sorted(glob) if c in glob[pid]]
-            per_class[c]["audit_vs_client_context"] = _mean(scores)
+            empty = sum(is_empty(glob[pid][c]) for pid in glob if c in glob[pid]) + is_empty(audit[c])
+            per_class[c].update(_summary("audit_vs_client_context", scores, empty))
         if audit:
-            mean["audit_vs_client_context"] = _mean(
-                [v["audit_vs_client_context"] for v in per_class.values() if v.get("audit_vs_client_context") is not None]
-            )
+            key = "audit_vs_client_context"
+            mean[key] = _mean([v[key] for v in per_class.values() if v.get(key) is not None])
+            for part in counts:
+                counts[part][key] = sum(v.get(f"{key}_{part}", 0) for v in per_class.values())
+
+        xs, ys = self._ablation_set(state)
+        local_models = {pid: state.build_model(state.clients[pid].arrays) for pid in sorted(local)}
+        predictions = _predictions(global_model, local_models, xs)
+        circuit_counts = self._empty_circuits(global_model, local_models, local, glob, audit, per_class, xs, ys)
 
         result_sizes = {
             kind: {layer: _mean([circuit_size(mask)[layer] for m in models.values() for mask in m.values()])
                    for layer in sizes}
             for kind, models in (("local", local), ("global", glob))
         }
-        ablation = self._ablations(state, global_model, local, glob, audit) if p.ablations or audit else {}
+        ablation = (self._ablations(global_model, local_models, local, glob, audit, xs, ys, state.server_round)
+                    if p.ablations or audit else {})
         self._previous.update(local)
 
         arrays = {
@@ -198,25 +261,58 @@ class Circuits(Diagnostic):
         client_seconds = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("seconds"),
                                      "global": u.global_diagnostics.get("circuits", {}).get("seconds")}
                           for pid, u in state.clients.items()}
-        return DiagnosticResult(
-            metrics={"mean": mean, "empty": empty, "per_class": {str(c): v for c, v in per_class.items()},
-                     "sizes": result_sizes, "ablation": ablation, "client_seconds": client_seconds,
-                     "moving_average": p.moving_average},
-            arrays=arrays,
-        )
+        metrics = {"empty_iou": p.empty_iou, "mean": mean, **counts, "per_class": {str(c): v for c, v in per_class.items()},
+                   "circuit_counts": circuit_counts, "predictions": predictions, "sizes": result_sizes,
+                   "ablation": ablation, "client_seconds": client_seconds, "moving_average": p.moving_average}
+        _log_round(state.server_round, metrics)
+        return DiagnosticResult(metrics=metrics, arrays=arrays)
+
+    def _ablation_set(self, state: RoundState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The balanced, seeded test subset that ablations and prediction checks run on."""
+        x_test, y_test = state.datasets["test"]
+        subset = _balanced_subset(y_test, self.params.ablation_samples, state.num_classes, seed=state.server_round)
+        return x_test[subset.to(x_test.device)], y_test[subset.to(y_test.device)].cpu()
+
+    def _empty_circuits(self, global_model, local_models, local, glob, audit, per_class, xs, ys) -> dict[str, Any]:
+        """Per kind of circuit how many there are, how many are empty and how many of those
+        are bias-only: the model predicts the class for most of its images in ``xs`` with
+        every gated channel closed. Adds ``empty`` and ``bias_only`` (the clients) to each
+        class of ``per_class``."""
+        position = self.params.gates.position
+        closed_global = without_channels(global_model, xs, position)
+        closed = {pid: without_channels(m, xs, position) for pid, m in local_models.items()
+                  if any(is_empty(mask) for mask in local[pid].values())}
+
+        def bias_only(pred: torch.Tensor, c: int) -> bool:
+            in_class = ys == c
+            return bool(in_class.any()) and float((pred[in_class] == c).float().mean()) > 0.5
+
+        counts = {}
+        for kind, models, preds in (("local", local, closed), ("global", glob, None)):
+            empty = {c: [pid for pid in sorted(models) if c in models[pid] and is_empty(models[pid][c])]
+                     for c in per_class}
+            biased = {c: [pid for pid in pids if bias_only(closed_global if preds is None else preds[pid], c)]
+                      for c, pids in empty.items()}
+            for c in per_class:
+                per_class[c].setdefault("empty", {})[kind] = empty[c]
+                per_class[c].setdefault("bias_only", {})[kind] = biased[c]
+            counts[kind] = {"circuits": sum(len(m) for m in models.values()),
+                            "empty": sum(map(len, empty.values())), "bias_only": sum(map(len, biased.values()))}
+        if audit:
+            empty_audit = [c for c, mask in audit.items() if is_empty(mask)]
+            counts["audit"] = {"circuits": len(audit), "empty": len(empty_audit),
+                               "bias_only": sum(bias_only(closed_global, c) for c in empty_audit)}
+        return counts
 
     def _audit_circuits(self, state: RoundState, global_model) -> dict[int, dict[str, Any]]:
         x, y = state.datasets["audit"]
         generator = torch.Generator().manual_seed(state.server_round)
         return discover_circuits(global_model, x, y, _held(y, state.num_classes, 1), self.params.gates, generator)
 
-    def _ablations(self, state: RoundState, global_model, local, glob, audit) -> dict[str, Any]:
+    def _ablations(self, global_model, local_models, local, glob, audit, xs, ys, server_round: int) -> dict[str, Any]:
         p = self.params
-        x_test, y_test = state.datasets["test"]
-        subset = _balanced_subset(y_test, p.ablation_samples, state.num_classes, seed=state.server_round)
-        xs, ys = x_test[subset.to(x_test.device)], y_test[subset.to(y_test.device)]
         position = p.gates.position
-        generator = torch.Generator().manual_seed(state.server_round)
+        generator = torch.Generator().manual_seed(server_round)
 
         def means_of(model):
             return channel_means(model, xs, position=position) if "mean" in p.fills else None
@@ -230,7 +326,7 @@ class Circuits(Diagnostic):
                 if "global" in p.ablations and c in glob.get(pid, {}):
                     jobs["global"].append((global_model, g_means, c, glob[pid][c]))
             if "local" in p.ablations and local[pid]:
-                model = state.build_model(state.clients[pid].arrays)
+                model = local_models[pid]
                 l_means = means_of(model)
                 jobs["local"].extend((model, l_means, c, mask) for c, mask in local[pid].items())
         if audit:
@@ -245,26 +341,40 @@ class Circuits(Diagnostic):
         return out
 
     @classmethod
-    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         if not records:
             return []
         window = records[-1].get("moving_average", 1)
-        lines = {}
+        convention = _convention(records[-1]["empty_iou"]) if "empty_iou" in records[-1] else UNRECORDED
+        lines, notes, undefined = {}, {}, []
         for key in IOU_KEYS:
+            label = key.replace("_", " ")
             points = [(r["round"], r["mean"][key]) for r in records if r["mean"].get(key) is not None]
             if points:
-                lines[key.replace("_", " ")] = _moving_average(points, window)
+                lines[label] = _moving_average(points, window)
+                notes[label] = {r["round"]: str(r["pairs"][key]) for r in records if "pairs" in r}
+            gaps = [r["round"] for r in records if r["mean"].get(key) is None and r.get("undefined", {}).get(key)]
+            if gaps:
+                undefined.append(f"{label} in round(s) {', '.join(map(str, gaps))}")
         out = []
         if lines:
-            title = "Circuit IoU over rounds" + (f" (moving average of {window})" if window > 1 else "")
-            out.append(line_plot(lines, title, "IoU", plots_dir / "circuits_iou.png", (0.0, 1.05)))
+            title = "Circuit IoU over rounds, mean over classes" + (f" (moving average of {window})" if window > 1 else "")
+            footnote = f"numbers: pairs each mean covers; {convention}"
+            if undefined:
+                footnote += "\nundefined (every pair empty in both circuits): " + "; ".join(undefined)
+            out.append(line_plot(lines, title, "IoU", plots_dir / "circuits_iou.png", (0.0, 1.05), notes, footnote))
         classes = sorted({int(c) for r in records for c in r["per_class"]})
         rounds = [r["round"] for r in records]
-        matrix = np.array([[np.nan if (v := r["per_class"].get(str(c), {}).get("local_to_global")) is None else v
-                            for r in records] for c in classes])
-        if np.isfinite(matrix).any():
-            out.append(heatmap(matrix, rounds, [str(c) for c in classes],
-                               "Local-to-global circuit IoU per class", plots_dir / "circuits_local_to_global.png"))
+        cells = [[r["per_class"].get(str(c), {}) for r in records] for c in classes]
+        matrix = np.array([[np.nan if v.get("local_to_global") is None else v["local_to_global"] for v in row]
+                           for row in cells])
+        if any("local_to_global_pairs" in v for row in cells for v in row) or np.isfinite(matrix).any():
+            notes_grid = np.array([[_cell_note(v, "local_to_global") for v in row] for row in cells])
+            hatch = np.array([[v.get("local_to_global_empty", 0) > 0 for v in row] for row in cells])
+            footnote = f"hatched: rests on empty circuits (count shown); grey: undefined or no client\n{convention}"
+            out.append(heatmap(matrix, rounds, class_labels(classes, class_names), "Local-to-global circuit IoU per class",
+                               plots_dir / "circuits_local_to_global.png", notes=notes_grid, hatch=hatch,
+                               footnote=footnote))
         size_lines = {
             f"{kind} circuits": [(r["round"], sum(v for v in r["sizes"][kind].values() if v is not None))
                                  for r in records if any(v is not None for v in r["sizes"][kind].values())]
@@ -274,7 +384,77 @@ class Circuits(Diagnostic):
         if size_lines:
             out.append(line_plot(size_lines, "Mean circuit size (channels over all gated layers)", "channels",
                                  plots_dir / "circuits_size.png"))
+        kinds = sorted({kind for r in records for kind, c in r.get("circuit_counts", {}).items() if c["circuits"]})
+        if kinds:
+            empty_lines = {f"{kind} circuits": [(r["round"], c["empty"] / c["circuits"]) for r in records
+                                                if (c := r["circuit_counts"].get(kind, {})).get("circuits")]
+                           for kind in kinds}
+            empty_notes = {f"{kind} circuits": {r["round"]: f"{c['empty']}/{c['circuits']}"
+                                                + (f", {c['bias_only']} bias-only" if c["empty"] else "")
+                                                for r in records if (c := r["circuit_counts"].get(kind, {})).get("circuits")}
+                           for kind in kinds}
+            out.append(line_plot(empty_lines, "Empty circuits (no channel kept)", "fraction of circuits",
+                                 plots_dir / "circuits_empty.png", (0.0, 1.1), empty_notes,
+                                 "numbers: empty / all circuits; bias-only: the model predicts the class "
+                                 "with every gated channel closed"))
         return out
+
+
+UNRECORDED = "empty vs empty: as the run's empty_iou, not recorded then (default 1.0, the paper's convention)"
+"""The convention line of records written before ``empty_iou`` was recorded."""
+
+
+def _convention(empty_iou: float | None) -> str:
+    """How an IoU of two empty layers was scored, for plot titles and logs."""
+    if empty_iou is None:
+        return "empty vs empty: undefined, left out of means"
+    if empty_iou == PAPER_EMPTY_IOU:
+        return f"empty vs empty scored {empty_iou:g} (empty_iou: the paper's convention)"
+    return f"empty vs empty scored {empty_iou:g} (empty_iou)"
+
+
+def _cell_note(v: dict[str, Any], key: str) -> str:
+    """A heatmap cell's counts: undefined pairs and empty circuits, when there are any."""
+    parts = []
+    if v.get(f"{key}_undefined"):
+        parts.append(f"{v[f'{key}_undefined']}/{v[f'{key}_undefined'] + v[f'{key}_pairs']} undef.")
+    if v.get(f"{key}_empty"):
+        parts.append(f"{v[f'{key}_empty']} empty")
+    return "\n".join(parts)
+
+
+def _log_round(server_round: int, m: dict[str, Any]) -> None:
+    """One console line per round, as the misalignment diagnostic has, and warnings when
+    most circuits of a kind are empty or a model or sufficiency ablation is degenerate."""
+
+    def iou(key: str) -> str:
+        value = "n/a" if m["mean"][key] is None else f"{m['mean'][key]:.2f}"
+        undefined = f", {m['undefined'][key]} undefined" if m["undefined"][key] else ""
+        return f"{key} {value} ({m['pairs'][key]} pairs{undefined})"
+
+    counts = m["circuit_counts"]
+    empty = ", ".join(f"{kind} {c['empty']}/{c['circuits']}" + (f" ({c['bias_only']} bias-only)" if c["empty"] else "")
+                      for kind, c in counts.items())
+    log.info("round %d | circuit IoU %s | empty circuits: %s", server_round, ", ".join(iou(k) for k in PAIR_KEYS), empty)
+    for kind, c in counts.items():
+        if c["circuits"] and c["empty"] > c["circuits"] / 2:
+            log.warning("round %d: %d of %d %s circuits are empty (%d bias-only: the model predicts the class with "
+                        "every gated channel closed); %s", server_round, c["empty"], c["circuits"], kind, c["bias_only"],
+                        _convention(m["empty_iou"]))
+    models = {"global model": m["predictions"]["global"],
+              **{f"client {pid}": v for pid, v in m["predictions"]["clients"].items()}}
+    degenerate = [f"{name} (class {v['max_predicted_class']}: {100 * v['max_predicted_fraction']:.0f}%)"
+                  for name, v in models.items() if v["max_predicted_fraction"] > DEGENERATE_FRACTION]
+    if degenerate:
+        log.warning("round %d: degenerate predictor(s), one class for > %.0f%% of %d test images: %s", server_round,
+                    100 * DEGENERATE_FRACTION, m["predictions"]["images"], ", ".join(degenerate))
+    sufficiency = {variant: (sum(r["degenerate_sufficiency"] for r in by_class.values()),
+                             sum(r["clients"] for r in by_class.values()))
+                   for variant, by_class in m["ablation"].items()}
+    flagged = [f"{variant} {bad} of {total}" for variant, (bad, total) in sufficiency.items() if bad]
+    if flagged:
+        log.warning("round %d: sufficiency ablations that predict one class for > %.0f%% of the test images: %s",
+                    server_round, 100 * DEGENERATE_FRACTION, ", ".join(flagged))
 
 
 def _drop_unused_fills(report: dict[str, Any], fills: list[str]) -> dict[str, Any]:
@@ -284,7 +464,10 @@ def _drop_unused_fills(report: dict[str, Any], fills: list[str]) -> dict[str, An
 
 
 def _average_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean of the numeric leaves of several ablation reports (None-aware), plus their count."""
+    """Mean of the numeric leaves of several ablation reports (None-aware), their count
+    (``clients``), and how many of them have a degenerate sufficiency ablation: with only
+    the circuit kept, one class for more than ``DEGENERATE_FRACTION`` of the images in
+    some fill (``degenerate_sufficiency``)."""
 
     def merge(items: list[Any]) -> Any:
         if isinstance(items[0], dict):
@@ -294,6 +477,10 @@ def _average_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
     merged = merge([{k: r[k] for k in ("baseline", "circuit", "random")} for r in reports])
     merged["clients"] = len(reports)
+    merged["degenerate_sufficiency"] = sum(
+        any(s["max_predicted_fraction"] > DEGENERATE_FRACTION for s in r["circuit"]["sufficiency"].values())
+        for r in reports
+    )
     return merged
 
 

@@ -25,12 +25,14 @@ def to_bools(values: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=bool).ravel()
 
 
-def layer_iou(a: MaskLike, b: MaskLike, empty_value: float = 1.0) -> dict[str, float]:
-    """|A n B| / |A u B| per layer; a layer empty in both masks scores ``empty_value``.
+PAPER_EMPTY_IOU = 1.0
+"""The paper's code scores a layer empty in both circuits 1.0 ("they agree"); here that
+convention is used only when asked for (``empty_iou: 1.0``) and is labelled wherever it is."""
 
-    The paper's code scores two empty layers 1.0 (they agree); pass NaN to leave them out
-    of a mean instead.
-    """
+
+def layer_iou(a: MaskLike, b: MaskLike, empty_value: float | None = None) -> dict[str, float | None]:
+    """|A n B| / |A u B| per layer. A layer empty in both masks has no IoU: None (undefined),
+    or ``empty_value`` when given (``PAPER_EMPTY_IOU`` reproduces the paper's code)."""
     if set(a) != set(b):
         raise ValueError(f"masks cover different layers: {sorted(a)} vs {sorted(b)}")
     out = {}
@@ -39,13 +41,15 @@ def layer_iou(a: MaskLike, b: MaskLike, empty_value: float = 1.0) -> dict[str, f
         if sa.shape != sb.shape:
             raise ValueError(f"layer '{name}': {sa.size} vs {sb.size} channels")
         union = np.logical_or(sa, sb).sum()
-        out[name] = float(np.logical_and(sa, sb).sum() / union) if union else float(empty_value)
+        out[name] = float(np.logical_and(sa, sb).sum() / union) if union else empty_value
     return out
 
 
-def circuit_iou(a: MaskLike, b: MaskLike, empty_value: float = 1.0) -> float:
-    """Mean over layers of ``layer_iou`` (two empty layers count as ``empty_value``)."""
-    return float(np.mean(list(layer_iou(a, b, empty_value).values())))
+def circuit_iou(a: MaskLike, b: MaskLike, empty_value: float | None = None) -> float | None:
+    """Mean over layers of ``layer_iou``, undefined layers left out; None (undefined) when
+    no layer has an IoU, i.e. both circuits are empty and ``empty_value`` is None."""
+    values = [v for v in layer_iou(a, b, empty_value).values() if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def circuit_size(mask: MaskLike) -> dict[str, int]:

@@ -21,8 +21,11 @@ from torch import Tensor
 
 from diagnostics.usae.activations import InMemorySource, StreamingSource, check_layer, collect_tokens
 from diagnostics.usae.metrics import (
+    CALIBRATED_ALPHA,
+    ConceptOverlap,
     MetricsAccumulator,
     Stitch,
+    calibrated_overlap,
     concept_mask,
     finish_from_layer,
     shared_unique,
@@ -95,7 +98,9 @@ def analyse(
     Returns the USAE and JSON-able metrics; ``metrics["activity"]`` is the [M, n] firing
     frequency matrix (lists), the only large entry. Concepts are "active" in a model when
     their firing frequency there is > 0 (the paper's rule, ``overlap["fires_once"]``)
-    or > ``threshold`` (``overlap["thresholded"]``, also the rule of the stitching sets).
+    or > ``threshold`` (``overlap["thresholded"]``, also the rule of the stitching sets);
+    ``overlap["calibrated"]`` is the paper's rule with unique concepts that fire too
+    rarely to be told from chance set apart (``calibrated_overlap``).
     """
     if len(names) != len(models):
         raise ValueError(f"{len(models)} models but {len(names)} names")
@@ -136,12 +141,15 @@ def analyse(
         for (i, j, concepts), s in stitches.items()
     ]
 
+    def described(o: ConceptOverlap) -> dict[str, Any]:
+        return {"shared": o.shared, "unique": dict(zip(names, o.unique)), "dead": o.dead, "alive": o.alive,
+                "overlap": _finite(o.overlap)}
+
     def overlap_at(t: float) -> dict[str, Any]:
-        o = shared_unique(activity, t)
-        return {"threshold": t, "shared": o.shared, "unique": dict(zip(names, o.unique)), "dead": o.dead,
-                "alive": o.alive, "overlap": _finite(o.overlap),
+        return {"threshold": t, **described(shared_unique(activity, t)),
                 "active_per_model": dict(zip(names, (activity > t).sum(1).astype(int).tolist()))}
 
+    calibrated, min_count = calibrated_overlap(acc.counts())
     off = ~np.eye(m, dtype=bool)
     metrics = {
         "models": list(names),
@@ -157,12 +165,26 @@ def analyse(
         "r2_cross_mean": _finite(float(np.mean(r2[off]))),
         "l0": dict(zip(names, activity.sum(1).tolist())),
         "dead_fraction": float((activity.sum(0) == 0).mean()),
-        "overlap": {"fires_once": overlap_at(0.0), "thresholded": overlap_at(threshold)},
+        "overlap": {"fires_once": overlap_at(0.0), "thresholded": overlap_at(threshold),
+                    "calibrated": {"alpha": CALIBRATED_ALPHA, "min_count": min_count, **described(calibrated),
+                                   "too_rare": calibrated.too_rare}},
         "stitching": stitching,
         "train_history": {key: values[-1] for key, values in history.items() if values},
         "activity": activity.tolist(),
     }
     return usae, metrics
+
+
+def overlap_summary(overlap: dict[str, Any]) -> str:
+    """The shared / alive fraction under each rule, rounded, for console lines and plots."""
+
+    def value(key: str) -> str:
+        v = overlap[key]["overlap"]
+        return "n/a" if v is None else f"{v:.3f}"
+
+    return (f"shared/alive {value('fires_once')} (fires once, the paper's rule), "
+            f"{value('thresholded')} (> {overlap['thresholded']['threshold']:g} of tokens), "
+            f"{value('calibrated')} (calibrated: unique needs >= {overlap['calibrated']['min_count']} firings)")
 
 
 # --- plots ------------------------------------------------------------------------------
@@ -211,12 +233,18 @@ def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
     thresholded = metrics["overlap"]["thresholded"]["threshold"]
     if thresholded > 0:
         ax.axvline(thresholded, color="grey", linestyle="--", linewidth=1, label=f"threshold {thresholded:g}")
+    min_count = metrics["overlap"]["calibrated"]["min_count"]
+    ax.axvline(min_count / max(1, metrics["num_tokens"]), color="black", linestyle=":", linewidth=1,
+               label=f"calibrated: unique needs >= {min_count} firings")
     ax.set(xlabel=f"firing frequency (fraction of tokens; never-firing concepts drawn at {floor:.0e})",
            ylabel="concepts", title=f"Concept activity per model ({metrics['dict_size']} concepts, k={metrics['k']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    if key:
-        fig.supxlabel(key, fontsize=7)
+    lines = [overlap_summary(metrics["overlap"])]
+    if "null_control" in metrics:
+        lines.append(f"null control ({metrics['null_control']['models'][0]} vs itself): "
+                     + overlap_summary(metrics["null_control"]["overlap"]))
+    fig.supxlabel("\n".join(lines + ([key] if key else [])), fontsize=7)
     out.append(save_figure(fig, out_dir / "usae_activity.png"))
 
     label_of = dict(zip(full_names, names))

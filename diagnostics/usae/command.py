@@ -1,7 +1,7 @@
 """``fedmech usae``: one USAE over saved models, offline.
 
     fedmech usae SOURCE SOURCE [...] --layer conv3 [--out DIR] [--split audit|test]
-                 [--preset cpu|paper] [--set key=value ...] [--max-images N]
+                 [--preset cpu|paper] [--set key=value ...] [--max-images N] [--no-null-control]
 
 A SOURCE is a run folder (its config.yaml and model_final.safetensors), ``RUN_DIR@N``
 (its checkpoint of round N) or ``CONFIG.yaml:WEIGHTS.safetensors``. All sources must use
@@ -12,6 +12,10 @@ the same dataset. Images (``--split``):
   training images, which some client of each run saw in training (recorded as
   ``train_head`` in the metrics, with that caveat);
 - ``test``: the first N test images (the paper's choice).
+
+Next to the comparison it runs a null control (unless ``--no-null-control``): the same
+analysis of the first source against itself, so that the shared fraction of the
+comparison is read against what identical models give (``metrics["null_control"]``).
 
 Writes ``<out>/usae.safetensors``, ``metrics.json``, ``config.json`` and ``plots/*.png``.
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnostics.usae.analysis import PRESETS, analyse, plot_usae
+from diagnostics.usae.analysis import PRESETS, analyse, overlap_summary, plot_usae
 from diagnostics.usae.model import USAEConfig, save_usae
 from diagnostics.usae.sources import Source, load_source_model, parse_source, unique_names
 from fedmech_flwr.commands import COMMANDS, Command
@@ -85,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-images", type=int, default=2000, help="images taken from the split (default 2000)")
     p.add_argument("--threshold", type=float, default=0.01,
                    help="firing frequency above which a concept counts as active (besides > 0)")
+    p.add_argument("--null-control", action=argparse.BooleanOptionalAction, default=True,
+                   help="also analyse the first source against itself, the baseline of the shared fraction "
+                        "(default: on; doubles the time)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
 
@@ -107,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
     x, y, split = select_images(sources, args.split, args.max_images)
     usae, metrics = analyse(models, names, args.layer, x, y, cfg, device, args.threshold)
     metrics["data"] = split
+    if args.null_control:
+        twins = [f"{names[0]} (copy {i})" for i in range(len(models))]
+        _, null = analyse([models[0]] * len(models), twins, args.layer, x, y, cfg, device, args.threshold)
+        metrics["null_control"] = {"models": twins, "r2_cross_mean": null["r2_cross_mean"], "overlap": null["overlap"],
+                                   "note": "the first source against itself: what identical models give"}
 
     out = Path(args.out or f"usae-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -114,15 +126,18 @@ def run(args: argparse.Namespace) -> int:
     write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=1))
     write_text_atomic(out / "config.json", json.dumps({
         "usae": dataclasses.asdict(cfg), "preset": args.preset, "layer": args.layer, "data": split,
-        "threshold": args.threshold, "max_images": args.max_images, "device": str(device),
+        "threshold": args.threshold, "max_images": args.max_images, "null_control": args.null_control,
+        "device": str(device),
         "sources": [{"spec": s.spec, "name": n, "config": str(s.config_path.resolve()),
                      "weights": str(s.weights_path.resolve())} for s, n in zip(sources, names)],
     }, indent=1))
     plot_usae(metrics, out / "plots")
-    o = metrics["overlap"]
     print(f"USAE over {len(models)} models at {args.layer} on {split['num_images']} images ({split['split']}): "
-          f"cross R^2 {metrics['r2_cross_mean']:.3f}, overlap {o['fires_once']['overlap']} (fires once) / "
-          f"{o['thresholded']['overlap']} (> {args.threshold:g})")
+          f"cross R^2 {metrics['r2_cross_mean']:.3f}, {overlap_summary(metrics['overlap'])}")
+    if args.null_control:
+        null = metrics["null_control"]
+        print(f"null control, {names[0]} against itself: cross R^2 {null['r2_cross_mean']:.3f}, "
+              f"{overlap_summary(null['overlap'])}")
     print(out.resolve())
     return 0
 

@@ -4,25 +4,30 @@ model (``compare: reference``, e.g. an IID run's final model), at one gated laye
 
 Runs on the server on the audit set when the run has one (``data.audit_per_class``),
 else on the test set (recorded as ``data``). Records the R^2 matrix, sparsity, shared /
-unique concept counts and overlap, and stitching (see ``diagnostics.usae.analysis``);
+unique concept counts and overlap (the paper's rule, a firing threshold and the calibrated
+rule), and stitching (see ``diagnostics.usae.analysis``);
 stores the dictionary (``usae_arrays`` under ``usae/``: ``load_usae`` reads them without the
 prefix) and the concept firing frequencies as arrays.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from diagnostics.usae.analysis import CpuUSAEConfig, analyse
+from diagnostics.usae.analysis import CpuUSAEConfig, analyse, overlap_summary
 from diagnostics.usae.model import usae_arrays
 from diagnostics.usae.sources import load_source_model, parse_source
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 from fedmech_flwr.plotting import line_plot
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +80,9 @@ class Usae(Diagnostic):
         x, y = x[: p.max_images], y[: p.max_images]
         models, names = self._models(state)
         usae, metrics = analyse(models, names, p.layer, x, y, p.usae, state.device, p.threshold)
+        r2 = metrics["r2_cross_mean"]
+        log.info("round %d | usae at %s | cross R^2 %s | %s", state.server_round, p.layer,
+                 "n/a" if r2 is None else f"{r2:.3f}", overlap_summary(metrics["overlap"]))
         activity = np.asarray(metrics.pop("activity"), dtype=np.float32)
         metrics["data"] = {"split": split, "num_images": len(x)}
         metrics["compare"] = p.compare
@@ -82,13 +90,15 @@ class Usae(Diagnostic):
         return DiagnosticResult(metrics=metrics, arrays={**arrays, "activity": activity})
 
     @classmethod
-    def plot(cls, records: list[dict[str, Any]], plots_dir: Path) -> list[Path]:
+    def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         if not records:
             return []
         overlap = {
             f"shared / alive ({label})": [(r["round"], r["overlap"][key]["overlap"]) for r in records
-                                          if r["overlap"][key]["overlap"] is not None]
-            for key, label in (("fires_once", "fires at least once"), ("thresholded", "frequency > threshold"))
+                                          if r["overlap"].get(key, {}).get("overlap") is not None]
+            for key, label in (("fires_once", "fires at least once, the paper's rule"),
+                               ("thresholded", "frequency > threshold"),
+                               ("calibrated", "calibrated: rare unique concepts set apart"))
         }
         r2 = {
             label: [(r["round"], r[key]) for r in records if r[key] is not None]

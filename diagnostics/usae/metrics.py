@@ -7,6 +7,7 @@ work is done in chunks of ``batch_size`` tokens so dense codes [T, n] never all 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -76,6 +77,10 @@ class MetricsAccumulator:
         """The ``concept_activity`` of the tokens added."""
         return self.fired / self.count
 
+    def counts(self) -> np.ndarray:
+        """[M, n] firing counts: the tokens of each model whose code uses each concept."""
+        return self.fired.copy()
+
 
 def _accumulate(usae: USAE, tokens: Sequence[Tensor], batch_size: int) -> MetricsAccumulator:
     acc = MetricsAccumulator([t.shape[1] for t in tokens], usae.dict_size)
@@ -107,6 +112,11 @@ def dead_fraction(codes_by_model: Sequence[Tensor]) -> float:
     return 1.0 - float(fired.double().mean())
 
 
+CALIBRATED_ALPHA = 0.05
+"""Family-wise error rate of the calibrated rule: the chance that any concept of two
+identical models is called unique."""
+
+
 @dataclass(frozen=True)
 class ConceptOverlap:
     """How the dictionary's concepts split over the models."""
@@ -118,11 +128,17 @@ class ConceptOverlap:
     dead: int
     """Concepts active in no model."""
     alive: int
+    too_rare: int = 0
+    """Concepts active in one model only that fire there too rarely for their silence
+    elsewhere to tell them from a concept of identical models (calibrated rule; see
+    ``calibrated_overlap``); counted in ``alive``, in neither ``shared`` nor ``unique``."""
 
     @property
     def overlap(self) -> float:
-        """shared / alive (the paper's 98.7% for IID vs alpha 0.05)."""
-        return self.shared / self.alive if self.alive else float("nan")
+        """shared / (alive - too_rare) (the paper's 98.7% for IID vs alpha 0.05, where
+        too_rare is 0)."""
+        decided = self.alive - self.too_rare
+        return self.shared / decided if decided else float("nan")
 
 
 def active_sets(activity: np.ndarray, threshold: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -145,6 +161,38 @@ def shared_unique(activity: np.ndarray, threshold: float = 0.0) -> ConceptOverla
         dead=int((~alive).sum()),
         alive=int(alive.sum()),
     )
+
+
+def min_unique_count(num_tests: int, alpha: float = CALIBRATED_ALPHA) -> int:
+    """Firings a concept needs in one model, with none in the others, to be unique to it
+    under the calibrated rule.
+
+    The models see the same tokens. If a concept fires k times in model i and never in
+    model j, then under the null of equal firing rates each of those k firings is, given
+    their total, equally likely to be model i's or model j's (the exact conditional
+    binomial test), so the one-sided p-value is 0.5**k; asking it against every other
+    model leaves it 0.5**k (an intersection-union test). Bonferroni over ``num_tests``
+    hypotheses (every concept unique to every model) at ``alpha`` asks 0.5**k <= alpha /
+    num_tests. Tokens of one image are correlated, so the test is lenient; the null
+    control (a model against itself) shows what remains.
+    """
+    return max(1, math.ceil(math.log2(num_tests / alpha)))
+
+
+def calibrated_overlap(counts: np.ndarray, alpha: float = CALIBRATED_ALPHA) -> tuple[ConceptOverlap, int]:
+    """``shared_unique`` at "fires at least once" from firing counts [M, n] on the same
+    tokens, calibrated: a concept the paper's rule calls unique to model i stays unique
+    only if it fires there at least ``min_unique_count(M * n, alpha)`` times, so that its
+    silence in every other model is significant; the rest are ``too_rare`` and left out of
+    the overlap. Returns the overlap and that minimum count."""
+    counts = np.asarray(counts)
+    minimum = min_unique_count(counts.size, alpha)
+    paper = shared_unique(counts)
+    _, _, unique = active_sets(counts)
+    kept = unique & (counts >= minimum)
+    calibrated = ConceptOverlap(shared=paper.shared, unique=[int(row.sum()) for row in kept], dead=paper.dead,
+                                alive=paper.alive, too_rare=int((unique & ~kept).sum()))
+    return calibrated, minimum
 
 
 def concept_mask(
