@@ -5,6 +5,8 @@
     fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech plot RUN_DIR
+    fedmech report SWEEP_DIR | RUN_DIR ... --out DIR [--paper FILE]   (one page over many runs)
+    fedmech sweep SWEEP.yaml [--preset NAME] [--seeds 0,1,2] [--out DIR] [--parallel N] [--retry-failed]
     fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
 
 ``run`` validates the experiment, then runs it with real ``flwr run`` on a private
@@ -25,10 +27,10 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.config import ExperimentConfig, differing_keys, load_experiment
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch
-from fedmech_flwr.run_folder import CONFIG_FILE, read_status
+from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, read_status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -68,18 +70,6 @@ def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict
     return cfg, run_dir, run_config
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two plain configs."""
-    keys = []
-    for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            keys += _differences(x, y, f"{prefix}{key}.")
-        elif x != y:
-            keys.append(f"{prefix}{key}")
-    return keys
-
-
 def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     """The config and folder of the run ``--resume`` names; refuse another config."""
     from fedmech_flwr.server import resume_config
@@ -91,7 +81,7 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
         raise RunFolderError(f"--out does not apply to --resume: the run continues in {run_dir}")
     if args.set and not args.experiment:
         raise RunFolderError(f"--set cannot change a resumed run, which keeps {saved}; drop --set, or start a new run")
-    if args.experiment and (differ := _differences(_validate(args).to_plain(), cfg.to_plain())):
+    if args.experiment and (differ := differing_keys(_validate(args).to_plain(), cfg.to_plain())):
         raise RunFolderError(
             f"a resumed run keeps the config saved in {saved}, but the command line changes "
             f"{', '.join(differ[:8])}; drop the experiment file and --set, or start a new run"
@@ -137,6 +127,56 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedmech_flwr.report import write_report
+
+    print(f"Report: {write_report(args.paths, args.out, args.paper)}")
+    return EXIT_OK
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}") from None
+
+
+def _only(items: list[str]) -> dict[str, list[str]]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"expected AXIS=LABEL[,LABEL...], got {item!r}", "--only")
+        axis, labels = item.split("=", 1)
+        out[axis] = labels.split(",")
+    return out
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedmech_flwr.sweep import load_sweep, run_sweep
+
+    plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
+    folder = plan.folder(args.out)
+    if args.dry_run:
+        print(f"OK: {args.sweep}: {len(plan.cells)} cells, each validated; they would run in {folder}")
+        for cell in plan.cells:
+            print(f"  {cell.name}: {' '.join(cell.overrides)}")
+        return EXIT_OK
+    try:
+        outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
+                             say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print(f"\nstopped: every run the sweep started is stopped; run the same command again to continue "
+              f"({folder})", file=sys.stderr)
+        return 130
+    failed = [o for o in outcomes if o.status != "completed"]
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder {folder}\n"
+          f"report: fedmech report {folder} --out {folder / 'report'}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedmech", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,9 +203,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TLS credentials and node keys made by scripts/make_certs.sh DIR N (implies --tls; "
                              "default: fresh ones for this run)")
     deploy.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
+    p = sub.add_parser("sweep", help="run a grid of experiments (a sweep file), or continue one")
+    p.add_argument("sweep", help="sweep YAML file (base experiment, axes, presets)")
+    p.add_argument("--preset", help="a named set of overrides from the sweep file (e.g. cpu, gpu)")
+    p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, e.g. 0,1,2 (beats the file's seeds)")
+    p.add_argument("--out", help="where the sweep folder goes (beats FEDMECH_OUT and the base's output_root)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="run N cells at once (default 1)")
+    p.add_argument("--retry-failed", action="store_true", help="rerun cells that failed in an earlier invocation")
+    p.add_argument("--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL]",
+                   help="run only the cells with these labels on an axis (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="validate every cell and list them; run nothing")
+    p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("report", help="one page (HTML, Markdown, summary.json) over a sweep folder or run folders")
+    p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the report goes")
+    p.add_argument("--paper", type=Path, metavar="FILE", default=PAPER_VALUES,
+                   help="published values to show next to matching groups (default: experiments/paper/values.yaml)")
+    p.set_defaults(fn=cmd_report)
     plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
     for name in COMMANDS.names():
         command = COMMANDS.get(name).factory

@@ -247,6 +247,20 @@ def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
     return cfg
 
 
+def set_key(raw: dict[str, Any], dotted: str, value: Any, where: str = "--set") -> None:
+    """Set ``a.b.c`` in a raw config mapping to ``value`` (made of plain YAML data),
+    creating the mappings on the way."""
+    keys = dotted.strip().split(".")
+    node = raw
+    for key in keys[:-1]:
+        if node.get(key) is None:  # absent, or an empty YAML section (parsed as {} too)
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {dotted!r}: '{key}' is not a mapping", where)
+    node[keys[-1]] = value
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides (values parsed as YAML) to a raw config mapping."""
     out = copy.deepcopy(raw)
@@ -254,16 +268,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"expected key=value, got {item!r}", "--set")
         dotted, value_text = item.split("=", 1)
-        keys = dotted.strip().split(".")
-        node = out
-        for key in keys[:-1]:
-            if node.get(key) is None:  # absent, or an empty YAML section (parsed as {} too)
-                node[key] = {}
-            node = node[key]
-            if not isinstance(node, dict):
-                raise ConfigError(f"cannot set {dotted!r}: '{key}' is not a mapping", "--set")
-        node[keys[-1]] = yaml.safe_load(value_text)
+        set_key(out, dotted, yaml.safe_load(value_text))
     return out
+
+
+def override(dotted: str, value: Any) -> str:
+    """The ``--set`` item that sets ``dotted`` to ``value`` (``apply_overrides`` reads it
+    back as the same value: YAML flow style, which also keeps 1e-05 a number)."""
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30).strip()
+    return f"{dotted}={text.removesuffix('...').strip()}"
+
+
+def differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain configs."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys += differing_keys(x, y, f"{prefix}{key}.")
+        elif x != y:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -27,6 +27,16 @@ if ! command -v openssl >/dev/null || ! command -v ssh-keygen >/dev/null; then
   fi
 fi
 
+# Chromium: the report test opens index.html in it, headless, through playwright (never `playwright install`).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: the browser test of fedmech report needs /usr/bin/chromium" \
+         "('sudo apt-get install chromium'); without it that test is skipped." >&2
+  fi
+fi
+
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -1,0 +1,335 @@
+"""``fedmech report`` over hand-built run folders and a sweep manifest: groups, known
+means and intervals, partial / failed / pending runs, undefined IoUs, published values,
+summary.json, and the page in a real headless browser."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedmech_flwr.cli import main
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.report import read_paper_values, write_report
+
+T2 = 4.302652730  # t_{0.975, df=2}
+T1 = 12.706204736  # t_{0.975, df=1}
+CHROMIUM = Path("/usr/bin/chromium")
+PAPER = Path(__file__).parent / "data" / "paper_values.yaml"
+CLASSES = ["zero", "one", "two", "three"]
+
+BASE = {
+    "name": "misalign", "seed": 0, "output_root": "~/fedmech-runs", "device": "cpu",
+    "data": {"dataset": {"name": "cifar10"}, "partition": {"name": "dirichlet", "alpha": 0.05, "min_samples": 10}},
+    "model": {"name": "simple_cnn", "channels": [4, 8]},
+    "client": {"name": "plain"}, "strategy": {"name": "fedavg", "weighting": "examples"},
+    "federation": {"num_clients": 3, "num_rounds": 2},
+    "diagnostics": [{"name": "misalignment", "every": 1}, {"name": "circuits", "every": 1}],
+}
+
+
+def config(seed: int, **changes) -> dict:
+    """BASE with dotted ``changes`` (``data__partition={...}`` sets data.partition)."""
+    cfg = copy.deepcopy(BASE)
+    cfg["seed"] = seed
+    for dotted, value in changes.items():
+        node, keys = cfg, dotted.split("__")
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+    return cfg
+
+
+def write_run(path: Path, cfg: dict, status: str = "completed", accuracy: float = 0.5, probe_gap: float = 0.2,
+              intra: float | None = 0.6, per_class: list | None = None, error: str | None = None,
+              started: str = "2025-01-01T10:00:00+00:00", updated: str = "2025-01-01T10:01:30+00:00",
+              usae: bool = False) -> Path:
+    """A run folder with the real file and record layout; the final round's values given,
+    earlier rounds a little lower."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    status_doc = {"status": status, "updated_at": updated, "pid": 1, "host": "h"}
+    if error:
+        status_doc["error"] = error
+    (path / "status.json").write_text(json.dumps(status_doc))
+    (path / "environment.json").write_text(json.dumps({
+        "started_at": started, "seed": cfg["seed"], "device": "cpu", "git": {"commit": "0123456789abcdef", "dirty": True},
+    }))
+    (path / "partitions.json").write_text(json.dumps({"num_clients": 3, "class_names": CLASSES, "audit_samples": 40,
+                                                      "clients": []}))
+    per_class = per_class or [accuracy] * 4
+    lines = []
+    rounds = cfg["federation"]["num_rounds"]
+    for r in range(rounds + 1):
+        scale = 1.0 if r == rounds else 0.5 + 0.2 * r
+        lines.append({"kind": "eval", "round": r, "loss": 1.0, "accuracy": accuracy * scale,
+                      "per_class_accuracy": per_class if r == rounds else [0.1] * 4, "sparsity": 0.9,
+                      "layer_sparsity": {"conv1": 0.9}, "clients_sampled": [0, 1, 2], "clients_succeeded": [0, 1, 2],
+                      "train_round_seconds": 1.5, "server_peak_rss_mb": 300.0})
+        if r == 0:
+            continue
+        lines.append({"kind": "client", "round": r, "partition_id": 0, "num_examples": 10, "train-accuracy": 0.5,
+                      "sparsity": 0.9})
+        glob = accuracy * scale
+        lines.append({
+            "kind": "diagnostic", "round": r, "name": "misalignment", "seconds": 0.3,
+            "global": {"accuracy": glob, "per_class": [glob] * 4},
+            "probe": {"accuracy": glob + probe_gap, "per_class": [glob] * 4, "validation_accuracy": 0.7, "epoch": 3},
+            "realigned": {"accuracy": glob + probe_gap / 2, "per_class": [glob] * 4, "epoch": 2},
+            "realigned_test_selected": {"accuracy": glob + probe_gap / 2, "per_class": [glob] * 4, "epoch": 2,
+                                        "note": "epoch selected on the test set"},
+            "tau_norm": {"accuracy": glob, "per_class": [glob] * 4},
+            "gaps": {"probe": probe_gap, "realigned": probe_gap / 2},
+            "per_class_gaps": {"probe": [probe_gap] * 4, "realigned": [probe_gap / 2] * 4},
+            "split": {"train": 24, "validation": 8, "head": 8},
+        })
+        mean = {"intra_client": intra if r > 1 else None, "inter_client": 0.4, "local_to_global": 0.3,
+                "inter_class_local": 0.2, "inter_class_global": 0.2}
+        lines.append({
+            "kind": "diagnostic", "round": r, "name": "circuits", "seconds": 0.5, "mean": mean,
+            "empty": {"intra_client": 2, "inter_client": 0, "local_to_global": 1, "inter_class_local": 0,
+                      "inter_class_global": 0},
+            "per_class": {"0": {"clients": [0, 1], "intra_client": intra, "intra_client_empty": 2}},
+            "sizes": {"local": {"conv1": 2.0}, "global": {"conv1": 3.0}}, "ablation": {}, "client_seconds": {},
+            "moving_average": 1,
+        })
+        if usae:
+            overlap = {"threshold": 0.0, "shared": 90, "unique": {"global": 5}, "dead": 2, "alive": 100, "overlap": 0.9}
+            lines.append({"kind": "diagnostic", "round": r, "name": "usae", "seconds": 2.0, "layer": "conv2",
+                          "overlap": {"fires_once": overlap, "thresholded": {**overlap, "threshold": 0.01, "overlap": 0.8}},
+                          "r2_cross_mean": 0.55, "r2_self_mean": 0.9})
+    if status != "completed":
+        lines = lines[: len(lines) // 2]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(line, allow_nan=True) + "\n" for line in lines))
+    return path
+
+
+PROX = {"strategy__name": "fedprox", "strategy__proximal_mu": 0.01, "client__name": "proximal"}
+IID = {"data__partition": {"name": "iid"}}
+
+
+def make_sweep(root: Path, resumed: bool = False) -> Path:
+    """A sweep of three groups x seeds 0..2:
+
+    - iid_fedavg: all completed; final accuracy 0.80 / 0.82 / 0.84, probe gap 0.10 / 0.12 / 0.14;
+    - dir_fedavg: seed 0 completed (accuracy 0.40, gap 0.30), seed 1 running, seed 2 failed;
+    - dir_fedprox: seeds 0, 1 completed with undefined intra-client IoUs; seed 2 pending (no folder).
+
+    ``resumed``: the same results written at other times and wall times, and a manifest
+    the interrupted sweep left stale.
+    """
+    runs = root / "runs"
+    cells = []
+    times = ("2025-03-01T08:00:00+00:00", "2025-03-01T09:40:00+00:00") if resumed else \
+        ("2025-01-01T10:00:00+00:00", "2025-01-01T10:01:30+00:00")
+
+    def cell(name, group, seed, axes, cfg, status, seconds=None, error=None):
+        cells.append({"name": name, "group": group, "seed": seed, "axes": axes, "run_dir": f"runs/{name}",
+                      "status": status, "error": error, "seconds": seconds, "config": cfg})
+
+    for seed, (acc, gap) in enumerate([(0.80, 0.10), (0.82, 0.12), (0.84, 0.14)]):
+        cfg = config(seed, **IID)
+        per_class = [0.9, 0.8, None, 0.7] if seed == 0 else [0.9, 0.8, None, 0.5]
+        write_run(runs / f"iid_fedavg_s{seed}", cfg, accuracy=acc, probe_gap=gap, per_class=per_class,
+                  started=times[0], updated=times[1], usae=True)
+        # an interrupted sweep's manifest may still say running for a run whose folder completed
+        cell(f"iid_fedavg_s{seed}", "iid_fedavg", seed, {"data.partition": "iid", "strategy": "fedavg"}, cfg,
+             "running" if resumed and seed == 2 else "completed", None if resumed else 71.0 + seed)
+    axes = {"data.partition": "dir0.05", "strategy": "fedavg"}
+    write_run(runs / "dir_fedavg_s0", config(0), accuracy=0.40, probe_gap=0.30, started=times[0], updated=times[1])
+    cell("dir_fedavg_s0", "dir_fedavg", 0, axes, config(0), "completed", 60.0)
+    write_run(runs / "dir_fedavg_s1", config(1), status="running", accuracy=0.1)
+    cell("dir_fedavg_s1", "dir_fedavg", 1, axes, config(1), "running")
+    write_run(runs / "dir_fedavg_s2", config(2), status="failed", error="round 2: test loss is nan (diverged)")
+    cell("dir_fedavg_s2", "dir_fedavg", 2, axes, config(2), "failed", 12.0, "exit 1")
+    axes = {"data.partition": "dir0.05", "strategy": "fedprox"}
+    for seed in (0, 1):
+        write_run(runs / f"dir_fedprox_s{seed}", config(seed, **PROX), accuracy=0.45 + 0.1 * seed, probe_gap=0.2,
+                  intra=None, started=times[0], updated=times[1])
+        cell(f"dir_fedprox_s{seed}", "dir_fedprox", seed, axes, config(seed, **PROX), "completed", 50.0)
+    cell("dir_fedprox_s2", "dir_fedprox", 2, axes, config(2, **PROX), "pending")
+    (root / "sweep.json").write_text(json.dumps({
+        "file": str(root / "sweep.yaml"), "name": "misalign-v2", "preset": "cpu", "seeds": [0, 1, 2],
+        "axes": ["data.partition", "strategy"], "cells": cells}, indent=1))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sweep_report(tmp_path_factory) -> tuple[Path, dict]:
+    root = make_sweep(tmp_path_factory.mktemp("sweep"))
+    out = tmp_path_factory.mktemp("report")
+    index = write_report([root], out, paper_file=PAPER)
+    assert index == out / "index.html"
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def group(summary: dict, label: str) -> dict:
+    return next(g for g in summary["groups"] if g["group"] == label)
+
+
+def test_groups_hold_the_hand_computed_means_and_intervals(sweep_report):
+    _, summary = sweep_report
+    assert [g["group"] for g in summary["groups"]] == ["iid_fedavg", "dir_fedavg", "dir_fedprox"]
+    iid = group(summary, "iid_fedavg")
+    assert (iid["runs"], iid["completed"], iid["partial"]) == (3, 3, False)
+    acc = iid["stats"]["eval.accuracy"]
+    assert acc["mean"] == pytest.approx(82.0) and acc["n"] == 3 and acc["rounds"] == [2]
+    assert acc["half_width"] == pytest.approx(T2 * 2 / math.sqrt(3))
+    gap = iid["stats"]["misalignment.gaps.probe"]
+    assert gap["mean"] == pytest.approx(12.0) and gap["half_width"] == pytest.approx(T2 * 2 / math.sqrt(3))
+    assert iid["stats"]["misalignment.probe"]["mean"] == pytest.approx(94.0)
+    assert iid["stats"]["eval.sparsity"]["mean"] == pytest.approx(90.0)
+    assert iid["stats"]["usae.overlap"]["mean"] == pytest.approx(90.0)
+    assert iid["stats"]["usae.r2_cross_mean"]["mean"] == pytest.approx(0.55)
+    assert "misalignment.ncm" not in iid["stats"]  # not measured: absent, not undefined
+    prox = group(summary, "dir_fedprox")["stats"]["eval.accuracy"]
+    assert prox["mean"] == pytest.approx(50.0) and prox["half_width"] == pytest.approx(T1 * 0.05 * 100)
+
+
+def test_partial_failed_and_pending_runs_are_listed_never_averaged(sweep_report):
+    out, summary = sweep_report
+    fedavg = group(summary, "dir_fedavg")
+    assert (fedavg["completed"], fedavg["partial"]) == (1, True)
+    assert [c["status"] for c in fedavg["cells"]] == ["completed", "running", "failed"]
+    acc = fedavg["stats"]["eval.accuracy"]
+    assert (acc["mean"], acc["half_width"], acc["n"]) == (pytest.approx(40.0), None, 1)
+    assert [c["status"] for c in group(summary, "dir_fedprox")["cells"]] == ["completed", "completed", "pending"]
+    md = (out / "report.md").read_text()
+    assert "| dir_fedavg | 1 of 3 completed (partial) | 40.0 (n=1, no interval) |" in md
+    assert "dir_fedavg_s2 (group dir_fedavg, seed 2): failed: round 2: test loss is nan (diverged)" in md
+    assert "dir_fedprox_s2 (group dir_fedprox, seed 2): pending" in md
+    assert "dir_fedavg_s1 (group dir_fedavg, seed 1): running" in md
+    assert "+30.0 pp (n=1, no interval)" in md
+
+
+def test_undefined_ious_are_counted_and_shown_as_undefined(sweep_report):
+    out, summary = sweep_report
+    intra = group(summary, "dir_fedprox")["stats"]["circuits.intra_client"]
+    assert (intra["mean"], intra["n"], intra["undefined"], intra["empty"]) == (None, 0, 2, 4)
+    defined = group(summary, "iid_fedavg")["stats"]["circuits.intra_client"]
+    assert (defined["mean"], defined["n"], defined["empty"]) == (pytest.approx(0.6), 3, 6)
+    row = next(line for line in (out / "report.md").read_text().splitlines()
+               if line.startswith("| dir_fedprox |") and "IoU" not in line and "undefined" in line)
+    assert "undefined (4 empty)" in row
+    assert "0.30 ± 0.00 (n=2), 2 empty" in row
+
+
+def test_published_values_sit_next_to_the_matching_groups(sweep_report):
+    out, summary = sweep_report
+    paper = {(p["metric"], p["group"]): p for p in summary["paper"]}
+    probe = paper["misalignment.probe", "dir_fedavg"]  # 0.40 + 0.30 = 70.0% vs 64.7%
+    assert probe["difference"] == pytest.approx(70.0 - 64.7) and probe["ours"]["n"] == 1
+    assert ("misalignment.probe", "dir_fedprox") not in paper  # where names strategy fedavg
+    bound = paper["circuits.local_to_global", "iid_fedavg"]  # 0.30 < 0.5
+    assert bound["satisfied"] is True and bound["difference"] is None
+    assert paper["eval.accuracy", "iid_fedavg"]["satisfied"] is False  # 82.0 > 90 fails
+    assert paper["eval.accuracy", None]["ours"] is None  # resnet10: no group
+    md = (out / "report.md").read_text()
+    assert "| probe (%) | dir_fedavg | = 64.7 [1] | 70.0 (n=1, no interval) | +5.3 pp |" in md
+    assert "satisfied (< bound)" in md and "not satisfied (> bound)" in md and "no matching group" in md
+    assert "[1] shared/paper/v2_summary.txt (v2): “linear probe accuracy remains high and stable" in md
+
+
+def test_the_leaderboard_ranks_strategies_by_mean_accuracy(sweep_report):
+    out, _ = sweep_report
+    md = (out / "report.md").read_text()
+    board = md.split("## Strategy leaderboard")[1].split("##")[0]
+    rows = [line for line in board.splitlines() if line.startswith("| fed")]
+    # fedavg: mean of 82.0 (iid) and 40.0 (dirichlet) = 61.0; fedprox: 50.0 (dirichlet only)
+    assert rows[0].startswith("| fedavg(examples) + plain |") and rows[0].endswith("| 61.0 |")
+    assert rows[1].startswith("| fedprox(examples, proximal_mu=0.01) + proximal | – |")
+    assert "| strategy + client | iid | dirichlet(alpha=0.05) | mean over columns (%) |" in board
+
+
+def test_the_outputs_are_complete_and_the_markdown_links_its_plots(sweep_report):
+    out, _ = sweep_report
+    names = sorted(p.name for p in (out / "plots").iterdir())
+    assert names == ["accuracy.png", "circuits_inter_client.png", "circuits_intra_client.png",
+                     "circuits_local_to_global.png", "per_class_recall.png", "probe_gap.png"]
+    md = (out / "report.md").read_text()
+    assert all(f"](plots/{name})" in md for name in names)
+    page = (out / "index.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(names)
+    assert "<script" not in page
+    assert all(url.startswith("data:") for url in re.findall(r'(?:src|href)="([^"]*)"', page))  # nothing to fetch
+
+
+def test_a_resumed_sweep_gives_the_same_summary(tmp_path, sweep_report):
+    _, summary = sweep_report
+    resumed = make_sweep(tmp_path / "elsewhere", resumed=True)
+    write_report([resumed], tmp_path / "out", paper_file=PAPER)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    text = (tmp_path / "out" / "summary.json").read_text()
+    assert str(tmp_path) not in text and "seconds" not in text and "2025-" not in text
+
+
+def test_run_folders_are_grouped_by_config_and_named_by_what_differs(tmp_path):
+    for seed in (0, 1):
+        write_run(tmp_path / f"dir_{seed}", config(seed, name=f"exp-{seed}"), accuracy=0.5 + 0.1 * seed)
+        write_run(tmp_path / f"iid_{seed}", config(seed, **IID), accuracy=0.8)
+    write_run(tmp_path / "mu", config(0, **PROX), accuracy=0.3)
+    runs = sorted(p for p in tmp_path.iterdir())
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    labels = [g["group"] for g in summary["groups"]]
+    assert labels == [
+        "client=plain, data.partition=dirichlet(alpha=0.05, min_samples=10), strategy=fedavg",
+        "client=plain, data.partition=iid, strategy=fedavg",
+        "client=proximal, data.partition=dirichlet(alpha=0.05, min_samples=10), strategy=fedprox(proximal_mu=0.01)",
+    ]
+    first = summary["groups"][0]
+    assert first["stats"]["eval.accuracy"]["mean"] == pytest.approx(55.0) and first["runs"] == 2
+    assert summary["differing_keys"] == ["client.name", "data.partition.alpha", "data.partition.min_samples",
+                                         "data.partition.name", "strategy.name", "strategy.proximal_mu"]
+
+
+def test_bad_input_names_the_file_and_key(tmp_path, capsys):
+    bad = tmp_path / "values.yaml"
+    bad.write_text(yaml.safe_dump({"values": [{"metric": "misalignment.prob", "value": 1, "where": {},
+                                               "source": {"file": "x", "quote": "y"}}]}))
+    with pytest.raises(ConfigError, match=r"values\[0\]\.metric.*|unknown metric 'misalignment.prob'"):
+        read_paper_values(bad)
+    run = write_run(tmp_path / "run", config(0))
+    assert main(["report", str(run), "--out", str(tmp_path / "out"), "--paper", str(bad)]) == 2
+    assert "unknown metric 'misalignment.prob'" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text('{"cells": [{"name": "a"}]}')
+    assert main(["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 2
+    assert "sweep.json: expected the manifest" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")
+def test_the_page_opens_in_a_headless_browser(sweep_report, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out, _ = sweep_report
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.on("requestfailed", lambda req: errors.append(f"failed: {req.url}"))
+            page.goto((out / "index.html").as_uri())
+            page.wait_for_load_state("load")
+            widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+            cells = page.eval_on_selector_all("td", "tds => tds.map(td => td.textContent)")
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    shutil.copy(tmp_path / "report.png", "/tmp/report_screenshot.png")
+    assert errors == []
+    assert len(widths) == 6 and all(w > 0 for w in widths)
+    assert "1 of 3 completed (partial)" in cells and "40.0 (n=1, no interval)" in cells
+    assert "undefined (4 empty)" in cells and "+5.3 pp" in cells
+    assert f"{82.0:.1f} ± {T2 * 2 / math.sqrt(3):.1f} (n=3)" in cells

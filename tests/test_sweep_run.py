@@ -1,0 +1,132 @@
+"""``fedmech sweep`` through real ``flwr run``: a 2-axis x 2-seed sweep on synthetic data,
+stopped with SIGTERM, continued, killed with SIGKILL, continued again, must end as the
+same sweep run uninterrupted (two cells at a time): cells, records, weights and report.
+
+About 4-5 minutes on 2 cores (each cell starts its own SuperLink and Ray).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_same_run
+from fedmech_flwr.reaper import MARKER
+from fedmech_flwr.report import write_report
+from fedmech_flwr.run_folder import STATE_FILE, process_alive
+
+pytestmark = pytest.mark.integration
+CELLS = ["iid_fedavg_s0", "iid_fedavg_s1", "dir0.5_fedavg_s0", "dir0.5_fedavg_s1"]
+
+
+def sweep_command(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "fedmech_flwr.cli", "sweep", "experiments/smoke_sweep.yaml", "--out", str(out),
+            "--only", "strategy+client=fedavg", *extra]
+
+
+def marked_processes() -> set[int]:
+    """Processes of any fedmech launch on this host (they carry the reaper's marker)."""
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if any(v.startswith(f"{MARKER}=".encode()) for v in environ.read_bytes().split(b"\0")):
+                found.add(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def start_and_stop_at(out: Path, cell: str, sig: signal.Signals) -> subprocess.Popen:
+    """Start the sweep, send ``sig`` once ``cell`` has committed a round, and check that
+    within 10 s nothing the sweep started is alive."""
+    before = marked_processes()
+    proc = subprocess.Popen(sweep_command(out), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state = out / "smoke-sweep" / "runs" / cell / STATE_FILE
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not state.exists():
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the sweep ended before {cell} could be stopped:\n{proc.stdout.read()}"
+    started = marked_processes() - before
+    assert started, "the sweep's helpers carry no marker"
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in started):
+        time.sleep(0.2)
+    assert not [pid for pid in started if process_alive(pid)], "processes of the stopped sweep are still alive"
+    return proc
+
+
+def mtimes(run: Path) -> dict[str, int]:
+    return {str(p.relative_to(run)): p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    done = subprocess.run(sweep_command(out, "--parallel", "2"), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "[4/4]" in done.stdout and "4 of 4 cell(s) run now completed" in done.stdout
+    return out / "smoke-sweep"
+
+
+def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(reference, tmp_path):
+    folder = tmp_path / "smoke-sweep"
+    # 1. SIGTERM (a scheduler's stop; Ctrl-C goes the same way) during the first cell.
+    term = start_and_stop_at(tmp_path, CELLS[0], signal.SIGTERM)
+    assert term.returncode == 128 + signal.SIGTERM
+    cells = {c["name"]: c for c in json.loads((folder / "sweep.json").read_text())["cells"]}
+    assert cells[CELLS[0]]["status"] == "interrupted" and cells[CELLS[1]]["status"] == "pending"
+    assert not (folder / "sweep.lock").exists()
+
+    # 2. Continue; SIGKILL the sweep alone (not its process group) during the second cell.
+    start_and_stop_at(tmp_path, CELLS[1], signal.SIGKILL)
+    first = mtimes(folder / "runs" / CELLS[0])
+    assert json.loads((folder / "runs" / CELLS[0] / "status.json").read_text())["status"] == "completed"
+
+    # 3. Continue to the end: the completed cell is left alone, the killed one resumed.
+    done = subprocess.run(sweep_command(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "4 cells in" in done.stdout and "1 completed, 1 to resume, 2 to start, 0 failed before" in done.stdout
+    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("[")] == CELLS[1:]
+    assert mtimes(folder / "runs" / CELLS[0]) == first
+    assert "Resuming" in (folder / "logs" / f"{CELLS[1]}.log").read_text()
+
+    for cell in CELLS:
+        assert_same_run(reference / "runs" / cell, folder / "runs" / cell)
+    write_report([reference], tmp_path / "report-reference")
+    write_report([folder], tmp_path / "report")
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary == json.loads((tmp_path / "report-reference" / "summary.json").read_text())
+    assert [g["completed"] for g in summary["groups"]] == [2, 2]
+
+
+def test_helpers_of_a_killed_run_do_not_outlive_it(tmp_path):
+    """The reaper alone: a launch whose owner dies by SIGKILL leaves no process and no
+    private folder behind."""
+    code = ("import time, tempfile, pathlib, subprocess, os\n"
+            "from fedmech_flwr.reaper import start_reaper, MARKER\n"
+            f"home = pathlib.Path({str(tmp_path)!r}) / 'home'; home.mkdir()\n"
+            "start_reaper(home)\n"
+            "env = {**os.environ, MARKER: str(home)}\n"
+            "subprocess.Popen(['sleep', '300'], env=env, start_new_session=True)\n"
+            "print('ready', flush=True); time.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert owner.stdout.readline().strip() == "ready"
+    sleeper = [pid for pid in marked_processes() if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
+               and str(tmp_path).encode() in Path(f"/proc/{pid}/environ").read_bytes()]
+    assert len(sleeper) == 1
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (process_alive(sleeper[0]) or (tmp_path / "home").exists()):
+        time.sleep(0.1)
+    assert not process_alive(sleeper[0])
+    assert not (tmp_path / "home").exists()
