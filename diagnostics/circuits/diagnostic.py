@@ -53,15 +53,20 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from diagnostics.circuits.ablation import ablation_report, channel_means, predict, without_channels
+from diagnostics.circuits.ablation import (
+    ablation_report,
+    channel_means,
+    predict,
+    without_channels,
+)
 from diagnostics.circuits.discovery import discover_circuits
 from diagnostics.circuits.gates import GateConfig
 from diagnostics.circuits.metrics import (
