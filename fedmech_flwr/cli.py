@@ -81,7 +81,7 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
         raise RunFolderError(f"--out does not apply to --resume: the run continues in {run_dir}")
     if args.set and not args.experiment:
         raise RunFolderError(f"--set cannot change a resumed run, which keeps {saved}; drop --set, or start a new run")
-    if args.experiment and (differ := differing_keys(_validate(args).to_plain(), cfg.to_plain())):
+    if args.experiment and (differ := differing_keys([_validate(args).to_plain(), cfg.to_plain()])):
         raise RunFolderError(
             f"a resumed run keeps the config saved in {saved}, but the command line changes "
             f"{', '.join(differ[:8])}; drop the experiment file and --set, or start a new run"

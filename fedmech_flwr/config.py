@@ -279,16 +279,21 @@ def override(dotted: str, value: Any) -> str:
     return f"{dotted}={text.removesuffix('...').strip()}"
 
 
-def differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two plain configs."""
-    keys = []
-    for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            keys += differing_keys(x, y, f"{prefix}{key}.")
-        elif x != y:
-            keys.append(f"{prefix}{key}")
-    return keys
+def flatten_plain(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf keys of a plain config; list entries with a ``name`` (plug-ins such as
+    diagnostics) are keyed by it, so ``diagnostics.misalignment.every``."""
+    if isinstance(node, list) and node and all(isinstance(v, dict) and "name" in v for v in node):
+        node = {v["name"]: v for v in node}
+    if isinstance(node, dict) and node:
+        return {k: v for key, value in node.items() for k, v in flatten_plain(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
+    """Dotted keys whose value (or presence) differs between plain configs."""
+    flat = [flatten_plain(c) for c in configs]
+    keys = sorted(set().union(*flat)) if flat else []
+    return [k for k in keys if len({json.dumps(f.get(k, "<absent>"), sort_keys=True) for f in flat}) > 1]
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import BadFileError, ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.plotting import band_plot, heatmap
@@ -48,10 +49,10 @@ from fedmech_flwr.run_folder import (
     read_status,
 )
 from fedmech_flwr.stats import mean_ci
+from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
 
 log = logging.getLogger(__name__)
 
-SWEEP_FILE = "sweep.json"
 INDEX_FILE, MARKDOWN_FILE, SUMMARY_FILE, PLOTS_DIR = "index.html", "report.md", "summary.json", "plots"
 NOT_COMPARED = ("seed", "name", "output_root")
 """Config keys that do not make runs different experiments."""
@@ -195,16 +196,17 @@ def _seconds_between(start: str, end: str) -> float:
 def _open_run(run: Run, claimed: str | None = None) -> None:
     """Fill ``run`` from its folder: status, config, commit, wall time; records if it
     completed. The folder's status.json is the truth, but a run whose writer is gone while
-    it still says running was killed, and a sweep cell that the sweep marked failed or
-    interrupted (Ctrl-C, SIGTERM) keeps that word until it runs again."""
+    it still says running was killed, and a sweep cell keeps the manifest's word (failed,
+    interrupted by Ctrl-C or SIGTERM, killed with its sweep, or running before its folder
+    has a status) until it runs again."""
     if (run.path / CONFIG_FILE).is_file():
         run.config = yaml.safe_load((run.path / CONFIG_FILE).read_text())
     status = read_status(run.path)
     if status["status"] == "missing":
-        run.status = claimed if claimed in ("failed", "interrupted") else "pending"
+        run.status = claimed if claimed in ("failed", "interrupted", "running", "killed") else "pending"
         return
     run.status = status["status"]
-    if run.status != "completed" and claimed in ("failed", "interrupted"):
+    if run.status != "completed" and claimed in ("failed", "interrupted", "killed"):
         run.status = claimed
     elif run.status == "running" and status.get("host") == socket.gethostname() \
             and not process_alive(status.get("pid", -1)):
@@ -226,7 +228,7 @@ def _open_run(run: Run, claimed: str | None = None) -> None:
 def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Run]]:
     """The manifest of a sweep folder and its cells as runs (``run_dir`` is relative to
     the folder; a cell without a folder is pending)."""
-    path = sweep_dir / SWEEP_FILE
+    path = sweep_dir / MANIFEST_FILE
     try:
         manifest = json.loads(path.read_text())
         runs = [Run(name=cell["name"], path=sweep_dir / cell["run_dir"], status="pending", seed=cell.get("seed"),
@@ -238,8 +240,10 @@ def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Run]]:
             f"{path}: expected the manifest `fedmech sweep` writes (cells with name, group, axes and run_dir); "
             f"could not read it ({err!r}); run the sweep again, or pass its run folders instead"
         ) from err
+    sweep_alive = lock_holder(sweep_dir) is not None
     for run, cell in zip(runs, manifest["cells"]):
-        _open_run(run, cell.get("status"))
+        claimed = cell.get("status")
+        _open_run(run, "killed" if claimed == "running" and not sweep_alive else claimed)
     return manifest, runs
 
 
@@ -256,7 +260,7 @@ def _read_run(path: Path) -> Run:
 
 def read_inputs(paths: list[Path]) -> tuple[dict[str, Any] | None, list[Run]]:
     """The sweep manifest (None for run folders) and the runs the paths name."""
-    sweeps = [p for p in paths if (p / SWEEP_FILE).is_file()]
+    sweeps = [p for p in paths if (p / MANIFEST_FILE).is_file()]
     if sweeps and len(paths) > 1:
         raise ConfigError(f"give one sweep folder or several run folders, not both (got {len(paths)} paths, "
                           f"{len(sweeps)} sweep folder(s)); run the report once per sweep", "fedmech report")
@@ -264,28 +268,12 @@ def read_inputs(paths: list[Path]) -> tuple[dict[str, Any] | None, list[Run]]:
         return read_sweep(sweeps[0])
     for path in paths:
         if not path.is_dir():
-            raise FileNotFoundError(f"{path} is not a folder: pass a sweep folder (with {SWEEP_FILE}) or run folders")
+            raise FileNotFoundError(f"{path} is not a folder: pass a sweep folder (with {MANIFEST_FILE}) or run folders")
     return None, [_read_run(p) for p in paths]
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted leaf keys of a plain config; list entries with a ``name`` are keyed by it."""
-    if isinstance(node, list) and node and all(isinstance(v, dict) and "name" in v for v in node):
-        node = {v["name"]: v for v in node}
-    if isinstance(node, dict) and node:
-        return {k: v for key, value in node.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: node}
 
 
 def _stripped(config: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (config or {}).items() if k not in NOT_COMPARED}
-
-
-def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
-    """Dotted keys whose value (or presence) differs between configs."""
-    flat = [_flatten(c) for c in configs]
-    keys = sorted(set().union(*flat)) if flat else []
-    return [k for k in keys if len({json.dumps(f.get(k, "<absent>"), sort_keys=True) for f in flat}) > 1]
 
 
 def _component(flat: dict[str, Any], key: str) -> str | None:
@@ -297,7 +285,7 @@ def _component(flat: dict[str, Any], key: str) -> str | None:
 def _describe_axes(configs: list[dict[str, Any]], keys: list[str]) -> list[dict[str, str]]:
     """Per config, the differing keys as readable axes: a plug-in entry as
     ``name(param=value)`` with only its differing params (``dirichlet(alpha=0.05)``)."""
-    flat = [_flatten(c) for c in configs]
+    flat = [flatten_plain(c) for c in configs]
     owners: dict[str, list[str]] = {}
     for key in keys:
         owner = next((c for f in flat if (c := _component(f, key))), key)
@@ -412,7 +400,7 @@ class PaperValue:
     """``file``, ``quote`` and optionally ``version`` and ``note``."""
 
     def matches(self, config: dict[str, Any]) -> bool:
-        flat = _flatten(config)
+        flat = flatten_plain(config)
         return all(flat.get(key, _ABSENT) == value for key, value in self.where.items())
 
 
@@ -450,7 +438,7 @@ def read_paper_values(path: Path) -> list[PaperValue]:
 class Comparison:
     paper: PaperValue
     group: Group | None
-    """None when no group matches."""
+    """None when no group matches and measured the metric."""
 
     @property
     def stat(self) -> Stat | None:
@@ -476,7 +464,7 @@ class Comparison:
 def compare(paper: list[PaperValue], groups: list[Group]) -> list[Comparison]:
     out = []
     for value in paper:
-        matched = [g for g in groups if value.matches(g.config)]
+        matched = [g for g in groups if value.matches(g.config) and value.metric in g.stats]
         out += [Comparison(value, g) for g in matched] or [Comparison(value, None)]
     return out
 
@@ -620,7 +608,7 @@ def _paper_section(comparisons: list[Comparison]) -> Section:
     for c in comparisons:
         metric = METRICS[c.paper.metric]
         note = sources.index(json.dumps(c.paper.source, sort_keys=True)) + 1
-        rows.append([f"{metric.label} ({metric.unit})", c.group.label if c.group else "no matching group",
+        rows.append([f"{metric.label} ({metric.unit})", c.group.label if c.group else "no matching group measured it",
                      f"{c.paper.relation} {_number(metric, c.paper.value, metric.unit == 'pp')} [{note}]",
                      format_stat(metric, c.stat) if c.group else "–", _difference_text(c)])
     notes = []
@@ -630,7 +618,9 @@ def _paper_section(comparisons: list[Comparison]) -> Section:
         extra = f" — {source['note']}" if source.get("note") else ""
         notes.append(f"[{i}] {source['file']}{version}: “{source['quote']}”{extra}")
     return Section("Published values", [
-        "A published value sits next to every group whose config has all the values in its `where`. "
+        "A published value sits next to every group that measured its metric and whose config has all the "
+        "values in its `where`. The paper's values come from its protocol (100 rounds, 99.9% sparsity, full "
+        "shards); next to a reduced run (a cpu preset) read the direction, not the level. "
         "Ours − paper is in the metric's unit (percentage points for accuracies); a bound says whether our "
         "mean satisfies it.",
         Table(["metric", "group", "paper", "ours (mean ± 95% CI)", "ours − paper"], rows), notes])
@@ -644,7 +634,7 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
     cells: dict[str, dict[str, Group]] = defaultdict(dict)
     columns: list[str] = []
     for g in groups:
-        flat = _flatten(g.config)
+        flat = flatten_plain(g.config)
         params = [f"{k.split('.', 1)[1]}={_text(flat[k])}" for k in varying
                   if k.startswith("strategy.") and k not in ("strategy.name", "strategy.weighting") and k in flat]
         weighting = [_text(flat["strategy.weighting"])] if "strategy.weighting" in flat else []

@@ -338,7 +338,7 @@ class Manifest:
         for cell in plan.cells:
             entry = self.cells.get(cell.name)
             config = cell.config.to_plain()
-            if entry and (differ := differing_keys(entry["config"], config)):
+            if entry and (differ := differing_keys([entry["config"], config])):
                 raise RunFolderError(
                     f"{folder} already ran cell {cell.name} with other settings ({', '.join(differ[:6])}); "
                     "rerun with the sweep file it was started with, or use another --out")
@@ -410,6 +410,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def lock_holder(folder: Path) -> dict[str, Any] | None:
+    """The live process (pid, host, since) whose ``sweep.lock`` holds ``folder``, or None
+    (no lock, or a stale one whose process is gone)."""
+    path = folder / LOCK_FILE
+    holder = json.loads(path.read_text() or "{}") if path.is_file() else {}
+    return holder if holder.get("host") == socket.gethostname() and process_alive(holder.get("pid", -1)) else None
+
+
 class _Lock:
     """``sweep.lock``: one invocation per sweep folder; a dead holder's lock is stale."""
 
@@ -417,11 +425,9 @@ class _Lock:
         self.path = folder / LOCK_FILE
 
     def __enter__(self) -> _Lock:
-        if self.path.is_file():
-            holder = json.loads(self.path.read_text() or "{}")
-            if holder.get("host") == socket.gethostname() and process_alive(holder.get("pid", -1)):
-                raise RunFolderError(f"{self.path.parent} is being run by process {holder['pid']} (since "
-                                     f"{holder.get('since')}); wait for it or stop it, then run the same command again")
+        if holder := lock_holder(self.path.parent):
+            raise RunFolderError(f"{self.path.parent} is being run by process {holder['pid']} (since "
+                                 f"{holder.get('since')}); wait for it or stop it, then run the same command again")
         write_text_atomic(self.path, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                                  "since": dt.datetime.now(dt.timezone.utc).isoformat()}))
         return self

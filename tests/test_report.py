@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,8 @@ def make_sweep(root: Path, resumed: bool = False) -> Path:
     (root / "sweep.json").write_text(json.dumps({
         "file": str(root / "sweep.yaml"), "name": "misalign-v2", "preset": "cpu", "seeds": [0, 1, 2],
         "axes": ["data.partition", "strategy"], "cells": cells}, indent=1))
+    # the sweep is alive (this process holds its lock), so its running cell is running
+    (root / "sweep.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     return root
 
 
@@ -207,6 +211,15 @@ def test_partial_failed_and_pending_runs_are_listed_never_averaged(sweep_report)
     assert "+30.0 pp (n=1, no interval)" in md
 
 
+def test_running_cells_of_a_dead_sweep_read_killed(tmp_path):
+    sweep = make_sweep(tmp_path / "sweep")
+    (sweep / "sweep.lock").unlink()  # the sweep was SIGKILLed: no live lock holder
+    (sweep / "runs" / "dir_fedavg_s1" / "status.json").unlink()  # killed before the run wrote its status
+    write_report([sweep], tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [c["status"] for c in group(summary, "dir_fedavg")["cells"]] == ["completed", "killed", "failed"]
+
+
 def test_undefined_ious_are_counted_and_shown_as_undefined(sweep_report):
     out, summary = sweep_report
     intra = group(summary, "dir_fedprox")["stats"]["circuits.intra_client"]
@@ -229,6 +242,7 @@ def test_published_values_sit_next_to_the_matching_groups(sweep_report):
     assert bound["satisfied"] is True and bound["difference"] is None
     assert paper["eval.accuracy", "iid_fedavg"]["satisfied"] is False  # 82.0 > 90 fails
     assert paper["eval.accuracy", None]["ours"] is None  # resnet10: no group
+    assert paper["misalignment.ncm", None]["ours"] is None  # iid groups match but did not measure NCM
     md = (out / "report.md").read_text()
     assert "| probe (%) | dir_fedavg | = 64.7 [1] | 70.0 (n=1, no interval) | +5.3 pp |" in md
     assert "satisfied (< bound)" in md and "not satisfied (> bound)" in md and "no matching group" in md
