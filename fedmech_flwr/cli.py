@@ -4,6 +4,7 @@
     fedmech run --resume RUN_DIR   (continue a killed run from its last completed round)
     fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
+    fedmech list [KIND]   (registered datasets, partitions, models, clients, strategies, diagnostics)
     fedmech plot RUN_DIR
     fedmech report SWEEP_DIR | RUN_DIR ... --out DIR [--paper FILE]   (one page over many runs)
     fedmech sweep SWEEP.yaml [--preset NAME] [--seeds 0,1,2] [--out DIR] [--parallel N] [--retry-failed]
@@ -21,16 +22,27 @@ import argparse
 import datetime as dt
 import json
 import logging
+import shutil
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import ExperimentConfig, differing_keys, load_experiment
+from fedmech_flwr.config import (
+    PARTNERS,
+    PLUGIN_KEYS,
+    ExperimentConfig,
+    differing_keys,
+    load_experiment,
+    plugin_registries,
+)
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch
+from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, read_status
+from fedmech_flwr.typed import describe_fields
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -48,6 +60,58 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"client {cfg.client.name}, pruning {cfg.pruning.mode}"
     )
     return EXIT_OK
+
+
+LIST_KINDS = {"datasets": "dataset", "partitions": "partition", "models": "model",
+              "clients": "client", "strategies": "strategy", "diagnostics": "diagnostic"}
+"""``fedmech list KIND`` -> plug-in kind (the singular is accepted too)."""
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    kinds = list(PLUGIN_KEYS)
+    if args.kind:
+        kind = LIST_KINDS.get(args.kind, args.kind)
+        if kind not in PLUGIN_KEYS:
+            hint = did_you_mean(args.kind, [*LIST_KINDS, *PLUGIN_KEYS])
+            raise ConfigError(f"unknown kind '{args.kind}'; {hint}choose one of: {', '.join(LIST_KINDS)}",
+                              "fedmech list")
+        kinds = [kind]
+    registries = plugin_registries()
+    width = min(shutil.get_terminal_size().columns, 100)
+    print("\n\n".join(_listing(kind, registries[kind], width) for kind in kinds))
+    return EXIT_OK
+
+
+def _listing(kind: str, registry: Registry, width: int) -> str:
+    """One kind's entries, each with its pairing and its config keys (type, default, doc)."""
+    plural = next(name for name, singular in LIST_KINDS.items() if singular == kind)
+    key = PLUGIN_KEYS[kind]
+    if kind == "diagnostic":
+        header = (f"{plural.upper()}, listed in {key}: [{{name: NAME, every: N, KEY: VALUE, ...}}, ...] "
+                  "(every: run after every N-th round, default 1)")
+    else:
+        header = f"{plural.upper()}, chosen by {key}: {{name: NAME, KEY: VALUE, ...}}"
+    return "\n\n".join([header, *(_entry_text(kind, registry.get(name), width) for name in registry.names())])
+
+
+def _entry_text(kind: str, entry: Entry, width: int) -> str:
+    fields = describe_fields(entry.config_cls)
+    title = f"  {entry.name}"
+    if entry.pairs_with:
+        title += f"  (needs {PARTNERS[kind]} {' or '.join(repr(p) for p in entry.pairs_with)})"
+    if not fields:
+        title += "  (no parameters)"
+    lines = [title]
+    for f in fields:
+        if f.default is None:
+            lines.append(f"    {f.key}:")
+        elif f.default == "required":
+            lines.append(f"    {f.key}: {f.type} (required)")
+        else:
+            lines.append(f"    {f.key}: {f.type} = {f.default}")
+        if f.doc:
+            lines.append(textwrap.fill(f.doc, width, initial_indent=" " * 8, subsequent_indent=" " * 8))
+    return "\n".join(lines)
 
 
 def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, str]]:
@@ -203,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TLS credentials and node keys made by scripts/make_certs.sh DIR N (implies --tls; "
                              "default: fresh ones for this run)")
     deploy.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
+    p = sub.add_parser("list", help="list what is registered, with each entry's config keys, types, defaults and "
+                                    "docs, and which strategy needs which client")
+    p.add_argument("kind", nargs="?", metavar="KIND", help=f"only this kind: {', '.join(LIST_KINDS)}")
+    p.set_defaults(fn=cmd_list)
     p = sub.add_parser("sweep", help="run a grid of experiments (a sweep file), or continue one")
     p.add_argument("sweep", help="sweep YAML file (base experiment, axes, presets)")
     p.add_argument("--preset", help="a named set of overrides from the sweep file (e.g. cpu, gpu)")

@@ -24,8 +24,22 @@ from fedmech_flwr.registry import Registry
 from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
 
 
-def _registry(kind: str) -> Registry:
-    """The registry of one plug-in kind (imported lazily: the registries import config)."""
+PLUGIN_KEYS = {
+    "dataset": "data.dataset",
+    "partition": "data.partition",
+    "model": "model",
+    "client": "client",
+    "strategy": "strategy",
+    "diagnostic": "diagnostics",
+}
+"""Each plug-in kind and the experiment key that chooses it (``diagnostics`` is a list)."""
+PARTNERS = {"strategy": "client", "client": "strategy"}
+"""Kinds whose entries may name the partners they only work with (``Entry.pairs_with``)."""
+
+
+def plugin_registries() -> dict[str, Registry]:
+    """The registry of each plug-in kind, keyed as ``PLUGIN_KEYS`` (imported lazily: the
+    registries import config)."""
     from fedmech_flwr.client import CLIENTS
     from fedmech_flwr.data import DATASETS
     from fedmech_flwr.hooks import DIAGNOSTICS
@@ -40,7 +54,11 @@ def _registry(kind: str) -> Registry:
         "client": CLIENTS,
         "strategy": STRATEGIES,
         "diagnostic": DIAGNOSTICS,
-    }[kind]
+    }
+
+
+def _registry(kind: str) -> Registry:
+    return plugin_registries()[kind]
 
 
 @dataclass
@@ -164,9 +182,24 @@ class SimulationConfig:
     ``ray start``) or its ``HOST:PORT``; null starts a private Ray instance per run."""
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+"""A run name: it becomes a folder name under the output root, so never a path."""
+
+
+def _parse_name(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or not RUN_NAME.fullmatch(raw):
+        raise ConfigError(
+            f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 "
+            f"characters), got {raw!r}: it names the run folder inside the output root",
+            where,
+        )
+    return raw
+
+
 @dataclass
 class ExperimentConfig:
-    name: str
+    name: str = field(metadata={"parse": _parse_name})
+    """Names the run folder, ``<output_root>/<name>-<UTC time>``; a slug, never a path."""
     data: DataConfig
     model: Component = component("model")
     client: Component = component("client")
@@ -226,7 +259,7 @@ def _check_pairing(cfg: ExperimentConfig, where: str) -> None:
     """A client or strategy that only works with certain partners (FedProx and its
     proximal client, FedBABU and its frozen-head client) is never silently mismatched."""
     names = {"client": cfg.client.name, "strategy": cfg.strategy.name}
-    for kind, partner in (("strategy", "client"), ("client", "strategy")):
+    for kind, partner in PARTNERS.items():
         allowed = _registry(kind).get(names[kind]).pairs_with
         if allowed and names[partner] not in allowed:
             raise ConfigError(

@@ -8,13 +8,19 @@ suggests the closest.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fedmech_flwr.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the known name closest to ``name``; "" if none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,8 @@ class Registry(Generic[F]):
         """The entry for ``name``; unknown names raise a ConfigError with suggestions."""
         if name in self._entries:
             return self._entries[name]
-        close = difflib.get_close_matches(name, self._entries, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
         raise ConfigError(
-            f"unknown {self.kind} '{name}'; {hint}registered: {', '.join(self.names())}",
+            f"unknown {self.kind} '{name}'; {did_you_mean(name, self._entries)}registered: {', '.join(self.names())}",
             where,
         )
 

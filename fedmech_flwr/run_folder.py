@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 from fedmech_flwr.arrays import NamedArrays, load_arrays, save_arrays
-from fedmech_flwr.errors import RunFolderError
+from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
 
@@ -106,11 +106,18 @@ def _record_line(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
 
 
+def _is_record(value: Any) -> bool:
+    """Whether a parsed metrics.jsonl line has what every record has (``_record_line``)."""
+    return (isinstance(value, dict) and isinstance(value.get("kind"), str)
+            and isinstance(value.get("round"), int) and not isinstance(value["round"], bool))
+
+
 def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The run's metrics.jsonl records (optionally one kind), in the order written.
 
-    A last line cut off by a kill is skipped with a warning; a bad line before it is an
-    error (the file was edited or damaged, not killed mid-write).
+    A last line cut off by a kill (not JSON) is skipped with a warning; a bad line before
+    it, or any line that is JSON but not a record (an object with ``kind`` and ``round``),
+    is a ``BadFileError``: the file was edited or damaged, not killed mid-write.
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
@@ -122,14 +129,19 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
             record = json.loads(line)
         except json.JSONDecodeError as err:
             if number < len(lines):
-                raise RunFolderError(
+                raise BadFileError(
                     f"{path}, line {number}: expected one JSON record per line, got {line[:80]!r} ({err}); "
                     "the file was damaged: restore it or delete that line"
                 ) from err
             log.warning("%s: skipping the torn last line %d (%r): the run was killed while writing it",
                         path, number, line[:80])
             continue
-        if kind is None or record.get("kind") == kind:
+        if not _is_record(record):
+            raise BadFileError(
+                f"{path}, line {number}: expected a record (a JSON object with a string 'kind' and an "
+                f"integer 'round'), got {line[:80]!r}; the file was damaged: restore it or delete that line"
+            )
+        if kind is None or record["kind"] == kind:
             records.append(record)
     return records
 

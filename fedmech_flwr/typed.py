@@ -4,12 +4,19 @@ Supported field types: bool, int, float, str, ``Literal[...]`` (choices), ``X | 
 ``list[X]``, ``dict[K, V]`` and nested dataclasses. Ranges live in field metadata
 (``gt``, ``ge``, ``lt``, ``le``); a field whose metadata has ``parse`` (a callable taking
 the raw value and its location) is parsed by it. Unknown keys are errors, never silently
-dropped.
+dropped. A field's documentation is the string literal written after it (an attribute
+docstring); ``describe_fields`` reads it back for ``fedmech list``.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
+import json
+import re
+import textwrap
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union
@@ -76,6 +83,102 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """One config key as ``fedmech list`` shows it."""
+
+    key: str
+    """Dotted below its section, e.g. ``probe.lr`` for a nested dataclass."""
+    type: str
+    """What it accepts, with its range, e.g. ``float > 0`` or ``"ste" | "hard_concrete"``."""
+    default: str | None
+    """The default as JSON (which YAML reads back), ``required``, or None for a nested
+    dataclass, whose keys follow it."""
+    doc: str
+    """The first sentence of its attribute docstring ("" if it has none)."""
+
+
+def describe_fields(cls: type, defaults: Any = None, prefix: str = "") -> list[FieldInfo]:
+    """The keys ``parse_dataclass(cls, ...)`` accepts, nested dataclasses expanded.
+
+    ``defaults`` is the instance whose values are shown (a nested field's own default,
+    which may differ from its class's defaults); None: the fields' defaults.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key, tp, doc = f"{prefix}{f.name}", hints[f.name], _first_sentence(docs.get(f.name, ""))
+        value = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+        if dataclasses.is_dataclass(tp) and "parse" not in f.metadata:
+            rows.append(FieldInfo(key, _type_name(tp), None, doc))
+            rows += describe_fields(tp, None if value is dataclasses.MISSING else value, f"{key}.")
+            continue
+        default = "required" if value is dataclasses.MISSING else json.dumps(to_plain(value))
+        rows.append(FieldInfo(key, _type_text(tp) + _range_text(f), default, doc))
+    return rows
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    """Each field's attribute docstring, read from the source of ``cls`` and its bases
+    (a subclass's wins); classes without source (defined interactively) give none."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bet al)(?<!\bvs)\.\s")
+
+
+def _first_sentence(text: str) -> str:
+    end = _SENTENCE_END.search(text)
+    return (text[: end.start() + 1] if end else text).replace("``", "`")
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _type_text(tp: Any) -> str:
+    """A field type as a YAML user reads it: ``int | null``, ``"adam" | "sgd"``, ``list[int]``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in args)
+    if origin is Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_text(a) for a in args)}]"
+    if tp is type(None):
+        return "null"
+    if tp is Any:
+        return "any"
+    return _type_name(tp)
+
+
+def _range_text(f: dataclasses.Field) -> str:
+    """`` >= 0.0, < 1.0`` from a field's range metadata ("" without one)."""
+    bounds = [f"{symbol} {f.metadata[key]}" for key, (_, symbol) in _RANGE_CHECKS.items() if key in f.metadata]
+    return f" {', '.join(bounds)}" if bounds else ""
 
 
 def _check_range(f: dataclasses.Field, value: Any, where: str) -> None:

@@ -8,12 +8,14 @@ import json
 import pytest
 import yaml
 
-from conftest import SMOKE, smoke_config
+from conftest import REPO, SMOKE, smoke_config
+from fedmech_flwr import plugins
 from fedmech_flwr.config import (
     ExperimentConfig,
     apply_overrides,
     experiment_from_json,
     load_experiment,
+    override,
     parse_experiment,
     read_yaml,
 )
@@ -167,6 +169,37 @@ def test_relative_output_root_rejected():
     assert err.where.endswith(LOC + "output_root")
     assert smoke_config(["output_root=/tmp/runs"]).output_root == "/tmp/runs"
     assert smoke_config(["output_root=~/runs"]).output_root == "~/runs"
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/abs", "runs/a", ".hidden", "..", "", "a b", "x" * 201, 12])
+def test_run_name_that_is_not_a_slug_is_rejected(name):
+    err = config_error(override("name", name))
+    assert str(err).startswith(
+        f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 characters), "
+        f"got {name!r}: it names the run folder inside the output root"
+    )
+    assert err.where.endswith(LOC + "name")
+
+
+@pytest.mark.parametrize("name", ["smoke", "paper-v2-fmnist_cnn_a0.05_s0", "run_1.v2", "-x", "x" * 200])
+def test_run_name_slug_is_accepted(name):
+    assert smoke_config([override("name", name)]).name == name
+
+
+EXPERIMENT_FILES = sorted(p for p in [*REPO.glob("experiments/*.yaml"), *REPO.glob("experiments/paper/*.yaml")]
+                          if "name" in read_yaml(p))
+
+
+@pytest.mark.parametrize("path", EXPERIMENT_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_experiment_and_sweep_cell_validates(path):
+    """Names included: a sweep names each cell ``<name>-<labels>_s<seed>``."""
+    from fedmech_flwr.sweep import load_sweep
+
+    plugins.load()
+    if "base" in read_yaml(path):
+        load_sweep(path)
+    else:
+        load_experiment(path)
 
 
 @pytest.mark.parametrize("address", ["auto", "127.0.0.1:6379", "head-node.cluster:10001"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,8 +296,35 @@ def test_damaged_metrics_line_before_the_end_is_an_error(smoke_run, tmp_path):
     run = Path(shutil.copytree(smoke_run, tmp_path / "run"))
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
-    with pytest.raises(RunFolderError, match="metrics.jsonl, line 2: expected one JSON record per line"):
+    with pytest.raises(BadFileError, match="metrics.jsonl, line 2: expected one JSON record per line"):
         read_records(run)
+
+
+@pytest.mark.parametrize("line", ["null", "[1, 2]", '"eval"', '{"kind": "eval"}', '{"round": 1}',
+                                  '{"kind": "eval", "round": "1"}', '{"kind": 1, "round": 1}'])
+def test_json_metrics_line_that_is_not_a_record_is_an_error(tmp_path, line):
+    folder = RunFolder(tmp_path)
+    folder.eval(0, {"accuracy": 0.1})
+    folder.eval(1, {"accuracy": 0.2})
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write(line + "\n")
+    before = (tmp_path / "metrics.jsonl").read_text()
+    message = re.escape(f"{tmp_path / 'metrics.jsonl'}, line 3: expected a record (a JSON object with a string "
+                        f"'kind' and an integer 'round'), got {line!r}; the file was damaged")
+    with pytest.raises(BadFileError, match=message):
+        read_records(tmp_path)
+    with pytest.raises(BadFileError, match=message):
+        folder.rewind(0)
+    assert (tmp_path / "metrics.jsonl").read_text() == before  # nothing was rewound
+
+
+def test_resume_names_a_last_metrics_line_that_is_not_a_record(smoke_run, tmp_path):
+    run = killed_copy(smoke_run, tmp_path)
+    lines = len((run / "metrics.jsonl").read_text().splitlines())
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"kind": "eval"}\n')
+    with pytest.raises(BadFileError, match=re.escape(f"{run / 'metrics.jsonl'}, line {lines + 1}: expected a record")):
+        resume_in_process(run)
 
 
 def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
