@@ -96,11 +96,18 @@ def band_plot(
     ylim: tuple[float, float] | None = None,
 ) -> Path:
     """One line per series of (round, mean, low, high) points with the band low..high
-    shaded; the legend sits to the right of the axes, so long labels stay readable."""
+    shaded; when every series has one and the same round, side-by-side error bars instead
+    (a band of one point has no width). The legend sits to the right of the axes, so long
+    labels stay readable."""
     fig = Figure(figsize=(9.5, 4.4), layout="constrained")
     ax = fig.subplots()
-    for label, points in lines.items():
-        rounds, mean, low, high = zip(*sorted(points))
+    single = len({point[0] for series in lines.values() for point in series}) == 1
+    for i, (label, points) in enumerate(lines.items()):
+        rounds, mean, low, high = (np.array(v, dtype=float) for v in zip(*sorted(points)))
+        if single:
+            x = rounds + 0.6 * ((i + 0.5) / len(lines) - 0.5)
+            ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", markersize=4, capsize=3, label=label)
+            continue
         (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
         ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set(title=title, xlabel="round", ylabel=ylabel)

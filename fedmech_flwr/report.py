@@ -509,7 +509,7 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
         for group in groups:
             points, n = _series(metric, group.completed)
             if points:
-                band = "band: 95% CI" if n >= 2 else "band: min–max"
+                band = "95% CI" if n >= 2 else "min–max"
                 lines[_wrap(f"{group.label} (n={n}, {band})", 48)] = points
         chunks = [list(lines.items())[i : i + PER_FIGURE] for i in range(0, len(lines), PER_FIGURE)]
         for part, chunk in enumerate(chunks, 1):
