@@ -41,7 +41,7 @@ from fedmech_flwr.config import (
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
-from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, read_status
+from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, FolderLock, read_status
 from fedmech_flwr.typed import describe_fields
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -153,6 +153,12 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     return cfg, run_dir
 
 
+def _run_lock(run_dir: Path) -> FolderLock:
+    """``run.lock``, held by this process while Flower runs the run: a second ``fedmech run
+    --resume`` of the folder is refused at once, naming this process."""
+    return FolderLock(run_dir / LOCK_FILE, f"run `fedmech run --resume {run_dir}` again if it did not complete")
+
+
 def _report(result: LaunchResult, run_dir: Path) -> int:
     """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``."""
     folder_status = read_status(run_dir)["status"]
@@ -173,7 +179,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
     else:
         cfg, run_dir, run_config = _prepare_run(args)
-    return _report(launch(run_config, cfg.federation.num_clients, cfg.simulation), run_dir)
+    with _run_lock(run_dir):
+        result = launch(run_config, cfg.federation.num_clients, cfg.simulation)
+    return _report(result, run_dir)
 
 
 def cmd_deploy_local(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
     <run>/status.json              running | completed | failed (+ error, writer's pid)
+    <run>/run.lock                 the ``fedmech run`` process running it (pid, host, since), while it runs
     <run>/logs/*.log               SuperLink and SuperNode logs (``fedmech deploy-local`` only)
 
 Every ``metrics.jsonl`` record has ``kind`` and ``round``; kinds are ``eval`` (global
@@ -56,6 +57,7 @@ ENVIRONMENT_FILE = "environment.json"
 PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
+LOCK_FILE = "run.lock"
 FINAL_MODEL_FILE = "model_final.safetensors"
 STATE_FILE = "state.safetensors"
 CHECKPOINT_DIR = "checkpoints"
@@ -162,6 +164,50 @@ def process_alive(pid: int) -> bool:
         return not Path("/proc").is_dir()
 
 
+def live_holder(lock_file: Path) -> dict[str, Any] | None:
+    """The live process (pid, host, since) that holds ``lock_file``, or None: no lock, or a
+    stale one, whose process is gone or ran on another host (whose processes this host
+    cannot see)."""
+    holder = json.loads(lock_file.read_text() or "{}") if lock_file.is_file() else {}
+    return holder if holder.get("host") == socket.gethostname() and process_alive(holder.get("pid", -1)) else None
+
+
+class FolderLock:
+    """A lock file that keeps a folder to one process: it names this process (pid, host,
+    since) and goes when the ``with`` block ends; a stale lock (``live_holder``) is taken
+    over. A live holder is a ``RunFolderError`` that ends with ``then``: what to do once
+    the holder is gone. A folder the lock had to create, and nothing else wrote into, is
+    removed with it."""
+
+    def __init__(self, path: Path, then: str) -> None:
+        self.path = path
+        self.then = then
+        self.made_folder = False
+
+    def __enter__(self) -> FolderLock:
+        folder = self.path.parent
+        self.made_folder = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        mine = folder / f".tmp.{self.path.name}.{os.getpid()}"
+        mine.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                    "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}))
+        try:
+            os.link(mine, self.path)  # fails if the lock exists: of two starters, only one gets it
+        except FileExistsError:
+            if holder := live_holder(self.path):
+                raise RunFolderError(f"{folder} is being run by process {holder['pid']} (since "
+                                     f"{holder.get('since')}); wait for it or stop it, then {self.then}") from None
+            os.replace(mine, self.path)  # a stale lock
+        finally:
+            mine.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)
+        if self.made_folder and not any(self.path.parent.iterdir()):
+            self.path.parent.rmdir()
+
+
 @dataclass
 class ResumePoint:
     """What ``state.safetensors`` holds: the last completed round and what it left."""
@@ -180,11 +226,12 @@ class RunFolder:
 
     @classmethod
     def create(cls, out_root: str | Path, name: str, run_dir: str | Path | None = None) -> RunFolder:
-        """Make a new run folder: ``run_dir`` if given (must be new or empty), else
+        """Make a new run folder: ``run_dir`` if given (new, or empty but for the
+        ``run.lock`` of the ``fedmech run`` that chose it), else
         ``<out_root>/<name>-<UTC timestamp>``."""
         if run_dir:
             path = Path(run_dir).expanduser().resolve()
-            if path.exists() and any(path.iterdir()):
+            if path.exists() and any(p.name != LOCK_FILE for p in path.iterdir()):
                 raise FileExistsError(f"run folder {path} already exists and is not empty; pick a new one")
         else:
             stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S-%f")

@@ -36,7 +36,6 @@ rerun only with ``retry_failed``.
 
 from __future__ import annotations
 
-import datetime as dt
 import difflib
 import itertools
 import json
@@ -65,7 +64,7 @@ from fedmech_flwr.config import (
 from fedmech_flwr.errors import ConfigError, RunFolderError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.launch import launch, stop_all
-from fedmech_flwr.run_folder import CONFIG_FILE, process_alive, read_records, read_status
+from fedmech_flwr.run_folder import CONFIG_FILE, FolderLock, live_holder, process_alive, read_records, read_status
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -412,28 +411,8 @@ def _duration(seconds: float) -> str:
 
 def lock_holder(folder: Path) -> dict[str, Any] | None:
     """The live process (pid, host, since) whose ``sweep.lock`` holds ``folder``, or None
-    (no lock, or a stale one whose process is gone)."""
-    path = folder / LOCK_FILE
-    holder = json.loads(path.read_text() or "{}") if path.is_file() else {}
-    return holder if holder.get("host") == socket.gethostname() and process_alive(holder.get("pid", -1)) else None
-
-
-class _Lock:
-    """``sweep.lock``: one invocation per sweep folder; a dead holder's lock is stale."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder / LOCK_FILE
-
-    def __enter__(self) -> _Lock:
-        if holder := lock_holder(self.path.parent):
-            raise RunFolderError(f"{self.path.parent} is being run by process {holder['pid']} (since "
-                                 f"{holder.get('since')}); wait for it or stop it, then run the same command again")
-        write_text_atomic(self.path, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                 "since": dt.datetime.now(dt.timezone.utc).isoformat()}))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
+    (no lock, or a stale one: see ``run_folder.live_holder``)."""
+    return live_holder(folder / LOCK_FILE)
 
 
 def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool = False,
@@ -443,7 +422,7 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
     are resumed next time) and re-raises."""
     num_cpus = check_fits(plan.cells, parallel)
     folder.mkdir(parents=True, exist_ok=True)
-    with _Lock(folder):
+    with FolderLock(folder / LOCK_FILE, "run the same command again"):
         manifest = Manifest(folder, plan)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
                    for c in plan.cells}

@@ -7,10 +7,14 @@ real ``flwr run`` + SIGKILL case is in ``test_flwr_run.py``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
 import shutil
+import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,15 +22,17 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
-from conftest import as_killed, assert_same_run, run_folders, smoke_config
+from conftest import SMOKE, as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
-from fedmech_flwr.cli import EXIT_BAD_INPUT, main
+from fedmech_flwr import cli
+from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, main
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
 from fedmech_flwr.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.protocol import ClientFailure
-from fedmech_flwr.run_folder import STATE_FILE, RunFolder, read_records, read_status
+from fedmech_flwr.launch import LaunchResult
+from fedmech_flwr.run_folder import LOCK_FILE, STATE_FILE, RunFolder, read_records, read_status
 from fedmech_flwr.server import Diverged
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from strategies.fedavg import WeightedFedAvg
@@ -240,6 +246,78 @@ def test_cli_resume_refuses_another_config(smoke_run, tmp_path, capsys):
     assert "completed run" in capsys.readouterr().err
     assert main(["run"]) == EXIT_BAD_INPUT
     assert "give an experiment file, or --resume RUN_DIR" in capsys.readouterr().err
+
+
+# --- one process per run folder ----------------------------------------------------------
+
+SINCE = "2025-01-02T03:04:05+00:00"
+
+
+def lock(run: Path, pid: int, host: str | None = None) -> None:
+    """Leave ``run.lock`` as a ``fedmech run`` of process ``pid`` holds it."""
+    (run / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(), "since": SINCE}))
+
+
+def test_resume_of_a_folder_another_process_runs_exits_2_before_flower_starts(smoke_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run")).resolve()
+    as_killed(run)
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: pytest.fail("Flower was started"))
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        lock(run, holder.pid)
+        assert main(["run", "--resume", str(run)]) == EXIT_BAD_INPUT
+        assert json.loads((run / LOCK_FILE).read_text())["pid"] == holder.pid  # the holder keeps its lock
+    finally:
+        holder.kill()
+        holder.wait()
+    assert capsys.readouterr().err == (
+        f"error: {run} is being run by process {holder.pid} (since {SINCE}); wait for it or stop it, "
+        f"then run `fedmech run --resume {run}` again if it did not complete\n")
+
+
+@pytest.mark.parametrize("holder", ["dead process", "another host"])
+def test_a_stale_lock_is_taken_over_and_held_while_the_run_runs(smoke_run, tmp_path, capsys, monkeypatch, holder):
+    run = Path(shutil.copytree(smoke_run, tmp_path / "run")).resolve()
+    as_killed(run)
+    if holder == "dead process":
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        lock(run, gone.pid)
+    else:
+        lock(run, os.getpid(), host="elsewhere")  # alive here, but another host's processes are not ours to see
+    launched = []
+
+    def launch(run_config, *_, **__):
+        launched.append(run_config)
+        assert json.loads((run / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert main(["run", "--resume", str(run)]) == EXIT_BAD_INPUT  # a second resume meanwhile
+        RunFolder(run).set_status("completed")
+        return LaunchResult(1, "finished:completed")
+
+    monkeypatch.setattr(cli, "launch", launch)
+    assert main(["run", "--resume", str(run)]) == EXIT_OK
+    assert launched == [{"resume": str(run)}]
+    assert f"{run} is being run by process {os.getpid()} (since " in capsys.readouterr().err
+    assert not (run / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("server_made_the_folder", [True, False])
+def test_a_new_run_holds_its_folder_and_leaves_no_empty_one(tmp_path, monkeypatch, server_made_the_folder):
+    def launch(run_config, *_, **__):
+        run_dir = Path(run_config["run-dir"])
+        assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == os.getpid()
+        if not server_made_the_folder:  # e.g. the ServerApp refused the config
+            return LaunchResult(1, "finished:failed")
+        RunFolder.create(run_config["out"], "smoke", run_dir).set_status("completed")  # accepts the lock
+        return LaunchResult(1, "finished:completed")
+
+    monkeypatch.setattr(cli, "launch", launch)
+    expected = EXIT_OK if server_made_the_folder else EXIT_FAILED
+    assert main(["run", str(SMOKE), "--out", str(tmp_path)]) == expected
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == int(server_made_the_folder)
+    assert not any((r / LOCK_FILE).exists() for r in runs)
 
 
 # --- damaged files ----------------------------------------------------------------------

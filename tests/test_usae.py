@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from diagnostics.usae.activations import InMemorySource, StreamingSource, collect_tokens
+from diagnostics.usae.analysis import FIT_R2, analyse
 from diagnostics.usae.metrics import (
     ConceptOverlap,
     calibrated_overlap,
@@ -31,7 +34,8 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.typed import parse_dataclass
 
-SMALL = {"dict_size": 32, "k": 3, "epochs": 20, "batch_size": 128, "lr": 1e-2}
+SMALL = {"dict_size": 32, "k": 3, "epochs": 20, "batch_size": 128, "lr": 1e-2, "min_steps": 0}
+"""20 passes of 16 batches over 2,000 planted tokens: 320 steps, R^2 about 0.98 (no floor needed)."""
 
 
 def planted(features: torch.Tensor, n: int, active: int, g: torch.Generator) -> torch.Tensor:
@@ -148,6 +152,39 @@ def test_training_converges_to_near_perfect_reconstruction():
     cfg = USAEConfig(dict_size=8, k=4, epochs=100, batch_size=100, lr=1e-2)
     usae, history = train_usae(InMemorySource(tokens), cfg)
     assert r2_matrix(usae, tokens).min() > 0.95 and history["mse"][-1] < 0.05
+
+
+def test_a_tiny_token_set_is_trained_to_min_steps_and_fits():
+    """200 tokens are 2 batches a pass: 2 passes alone are 4 steps and explain little. The
+    tokens are sums of 2 of 8 planted features and k = 3, so a dictionary holding the 8
+    explains them all; 1,000 steps get R^2 about 0.98, and 0.9 is asserted (far above the
+    fit bound of 0.5 and the 0.16 of 4 steps)."""
+    g = torch.Generator().manual_seed(0)
+    x = planted(torch.randn(8, 6, generator=g), 200, 2, g)
+    tokens = [x, x.clone()]
+    cfg = USAEConfig(dict_size=32, k=3, epochs=2, batch_size=128, lr=1e-2)
+    usae, history = train_usae(InMemorySource(tokens), cfg)
+    assert cfg.min_steps == 1000 and history["steps"][-1] == 1000 and len(history["steps"]) == 500
+    assert np.diag(r2_matrix(usae, tokens)).min() > 0.9
+    usae, history = train_usae(InMemorySource(tokens), dataclasses.replace(cfg, min_steps=0))
+    assert history["steps"] == [2, 4] and np.diag(r2_matrix(usae, tokens)).max() < FIT_R2
+
+
+def test_an_under_trained_usae_is_flagged_not_fit(trained_cnn, caplog):
+    model, data = trained_cnn
+    models, names = [model, copy.deepcopy(model)], ["a", "b"]
+    x, y = data.x_test[:20], data.y_test[:20]  # 320 tokens at conv2: 5 steps a pass
+    quick = USAEConfig(dict_size=32, k=4, epochs=1, batch_size=64, min_steps=0)
+    with caplog.at_level(logging.WARNING, logger="diagnostics.usae.analysis"):
+        _, metrics = analyse(models, names, "conv2", x, y, quick)
+    assert metrics["fit"] is False and min(metrics["r2"][0][0], metrics["r2"][1][1]) < FIT_R2
+    assert "USAE at conv2 is not fit: self-reconstruction R^2 a " in caplog.text
+    assert "after 5 steps over 320 tokens" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="diagnostics.usae.analysis"):
+        _, metrics = analyse(models, names, "conv2", x, y, dataclasses.replace(quick, min_steps=1000))
+    assert metrics["fit"] is True and min(metrics["r2"][0][0], metrics["r2"][1][1]) >= FIT_R2
+    assert "not fit" not in caplog.text
 
 
 def test_aux_loss_runs_on_dead_concepts():

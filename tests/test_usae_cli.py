@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,7 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     assert metrics["overlap"]["thresholded"]["threshold"] == 0.01
     assert metrics["overlap"]["calibrated"]["min_count"] == 10  # 2 models x 16 concepts at alpha 0.05
     null = metrics["null_control"]
+    assert metrics["fit"] is True and null["fit"] is True
     assert null["models"] == [f"{smoke_run.name} (copy 0)", f"{smoke_run.name} (copy 1)"]
     assert set(null["overlap"]) == {"fires_once", "thresholded", "calibrated"}
     assert len(metrics["stitching"]) == 2 * 2 * 3  # (i -> j incl. i -> i) x {all, shared, unique}
@@ -89,6 +91,8 @@ def test_audit_split_and_test_split_are_recorded(smoke_run, usae_run, tmp_path):
 
 
 def test_two_identical_sources_give_a_symmetric_r2_matrix(smoke_run, tmp_path):
+    """Also issue 12's smoke run against itself: 5 passes over its 10,800 conv2 tokens are
+    55 steps (self R^2 0.17, not fit); ``min_steps`` makes them 1,000 (0.88; > 0.8 asserted)."""
     out = tmp_path / "same"
     config = smoke_run / "config.yaml"
     weights = smoke_run / "model_final.safetensors"
@@ -96,10 +100,21 @@ def test_two_identical_sources_give_a_symmetric_r2_matrix(smoke_run, tmp_path):
                  "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5", "--no-null-control"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     r2 = np.array(metrics["r2"])
+    assert metrics["fit"] is True and np.diag(r2).min() > 0.8 and metrics["train_history"]["steps"] >= 1000
     assert np.abs(r2 - r2.T).max() < 0.05
     assert np.abs(r2 - r2.mean()).max() < 0.05  # cross = self: the models are one model
     assert metrics["overlap"]["fires_once"]["overlap"] == 1.0
     assert metrics["overlap"]["calibrated"]["overlap"] >= 0.99
+
+
+def test_an_under_trained_usae_is_flagged_in_metrics_json(smoke_run, tmp_path, caplog):
+    out = tmp_path / "quick"
+    with caplog.at_level(logging.WARNING):
+        assert main(["usae", str(smoke_run), str(smoke_run), "--layer", "conv2", "--out", str(out), *TINY,
+                     "--set", "min_steps=0", "--no-null-control"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["fit"] is False and min(metrics["r2"][0][0], metrics["r2"][1][1]) < 0.5
+    assert "USAE at conv2 is not fit: self-reconstruction R^2" in caplog.text
 
 
 def test_missing_layer_exits_2_naming_the_valid_layers(smoke_run, usae_run, tmp_path, capsys):
@@ -141,6 +156,7 @@ def test_per_round_diagnostic_records_metrics_every_round(usae_run, tmp_path):
         assert rec["data"] == {"split": "audit", "num_images": 40}
         assert set(rec["overlap"]) == {"fires_once", "thresholded", "calibrated"}
         assert len(rec["stitching"]) == 4 * 4 * 3
+        assert rec["fit"] is True  # 2 passes over 1,440 tokens, extended to 1,000 steps
         assert "activity" not in rec
         arrays = load_arrays(usae_run / "diagnostics" / "usae" / f"round_{rec['round']:03d}.safetensors")
         assert arrays["activity"].shape == (4, 16) and arrays["usae/sites.0.decoder"].shape == (16, 8)

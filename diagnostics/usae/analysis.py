@@ -8,6 +8,7 @@ held in memory, and only while they fit ``memory_limit_bytes`` (else they are st
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ PRESETS: dict[str, type[USAEConfig]] = {"cpu": CpuUSAEConfig, "paper": USAEConfi
 
 CONCEPT_SETS = ("all", "shared", "unique")
 METRICS_CHUNK_IMAGES = 256
+FIT_R2 = 0.5
+"""Self-reconstruction R^2 (each model's tokens from its own codes) that every model must
+reach for ``metrics["fit"]``: below it the dictionary does not describe the model, and
+its concepts, overlap and stitching say little."""
+
+log = logging.getLogger(__name__)
 
 
 def _finite(value: float) -> float | None:
@@ -100,7 +107,8 @@ def analyse(
     their firing frequency there is > 0 (the paper's rule, ``overlap["fires_once"]``)
     or > ``threshold`` (``overlap["thresholded"]``, also the rule of the stitching sets);
     ``overlap["calibrated"]`` is the paper's rule with unique concepts that fire too
-    rarely to be told from chance set apart (``calibrated_overlap``).
+    rarely to be told from chance set apart (``calibrated_overlap``). ``metrics["fit"]``
+    is false, with a warning, when a model's self-reconstruction R^2 is below ``FIT_R2``.
     """
     if len(names) != len(models):
         raise ValueError(f"{len(models)} models but {len(names)} names")
@@ -151,6 +159,13 @@ def analyse(
 
     calibrated, min_count = calibrated_overlap(acc.counts())
     off = ~np.eye(m, dtype=bool)
+    fit = bool((np.diag(r2) >= FIT_R2).all())  # a NaN R^2 is not fit
+    if not fit:
+        log.warning(
+            "USAE at %s is not fit: self-reconstruction R^2 %s, below %g, after %d steps over %d tokens; its "
+            "concepts, overlap and stitching say little: train longer (raise min_steps or epochs)",
+            layer, ", ".join(f"{n} {v:.3f}" for n, v in zip(names, np.diag(r2))), FIT_R2,
+            history["steps"][-1], acc.count)
     metrics = {
         "models": list(names),
         "layer": layer,
@@ -163,6 +178,7 @@ def analyse(
         "r2": [[_finite(v) for v in row] for row in r2],
         "r2_self_mean": _finite(float(np.mean(np.diag(r2)))),
         "r2_cross_mean": _finite(float(np.mean(r2[off]))),
+        "fit": fit,
         "l0": dict(zip(names, activity.sum(1).tolist())),
         "dead_fraction": float((activity.sum(0) == 0).mean()),
         "overlap": {"fires_once": overlap_at(0.0), "thresholded": overlap_at(threshold),

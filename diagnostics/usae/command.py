@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="audit: the first source's audit set, or if it has none the first N training images "
                         "(seen in training by clients); test: the test set (the paper's choice)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                   help="cpu: expansion 4, k 16, 10 epochs; paper: expansion 8, k 48, 100 epochs, batch 1024")
+                   help="cpu: expansion 4, k 16, 10 epochs; paper: expansion 8, k 48, 100 epochs, batch 1024; "
+                        "both take at least min_steps=1000 steps")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a USAEConfig field, e.g. --set k=8 (repeatable)")
     p.add_argument("--max-images", type=int, default=2000, help="images taken from the split (default 2000)")
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         twins = [f"{names[0]} (copy {i})" for i in range(len(models))]
         _, null = analyse([models[0]] * len(models), twins, args.layer, x, y, cfg, device, args.threshold)
         metrics["null_control"] = {"models": twins, "r2_cross_mean": null["r2_cross_mean"], "overlap": null["overlap"],
+                                   "fit": null["fit"],
                                    "note": "the first source against itself: what identical models give"}
 
     out = Path(args.out or f"usae-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}")

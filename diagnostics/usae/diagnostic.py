@@ -5,9 +5,10 @@ model (``compare: reference``, e.g. an IID run's final model), at one gated laye
 Runs on the server on the audit set when the run has one (``data.audit_per_class``),
 else on the test set (recorded as ``data``). Records the R^2 matrix, sparsity, shared /
 unique concept counts and overlap (the paper's rule, a firing threshold and the calibrated
-rule), and stitching (see ``diagnostics.usae.analysis``);
-stores the dictionary (``usae_arrays`` under ``usae/``: ``load_usae`` reads them without the
-prefix) and the concept firing frequencies as arrays.
+rule), stitching, and ``fit`` (false when a model's self-reconstruction R^2 is below
+``FIT_R2``; see ``diagnostics.usae.analysis``); stores the dictionary (``usae_arrays``
+under ``usae/``: ``load_usae`` reads them without the prefix) and the concept firing
+frequencies as arrays.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class UsaeDiagnosticConfig:
     layer: str
     """Gated layer whose activations are compared, e.g. conv2."""
     usae: CpuUSAEConfig = field(default_factory=CpuUSAEConfig)
-    """Dictionary size and training (CPU defaults: expansion 4, k 16, 10 epochs)."""
+    """Dictionary size and training (CPU defaults: expansion 4, k 16, 10 epochs, at least 1,000 steps)."""
     compare: Literal["clients", "reference"] = "clients"
     """The global model against every client's model of the round, or against ``reference``."""
     reference: str | None = None

@@ -67,8 +67,10 @@ def usae_loss(
 def train_usae(
     source: ActivationSource, cfg: USAEConfig, device: str | torch.device = "cpu"
 ) -> tuple[USAE, dict[str, list[float]]]:
-    """A USAE trained on ``source``'s aligned tokens, and its per-epoch history: mean
-    ``loss``, ``mse`` and ``aux``, and the ``dead_fraction`` at the end of each epoch."""
+    """A USAE trained on ``source``'s aligned tokens for ``cfg.epochs`` passes, or more
+    until ``cfg.min_steps`` steps are taken, and its per-epoch history: mean ``loss``,
+    ``mse`` and ``aux``, and the ``dead_fraction`` and ``steps`` taken at the end of each
+    epoch."""
     generator = torch.Generator().manual_seed(cfg.seed)
     means, stds = token_stats(source, cfg.batch_size, generator)
     widths = [len(m) for m in means]
@@ -79,9 +81,9 @@ def train_usae(
     usae.normalise_decoders(cfg.decoder_norm)
     optimizer = torch.optim.Adam(usae.parameters(), lr=cfg.lr)
     idle = torch.zeros(usae.dict_size, dtype=torch.long, device=device)
-    history: dict[str, list[float]] = {"loss": [], "mse": [], "aux": [], "dead_fraction": []}
-    step = 0
-    for epoch in range(cfg.epochs):
+    history: dict[str, list[float]] = {"loss": [], "mse": [], "aux": [], "dead_fraction": [], "steps": []}
+    step = epoch = 0
+    while epoch < cfg.epochs or step < cfg.min_steps:
         totals, batches = torch.zeros(3), 0
         for batch in source.batches(cfg.batch_size, generator):
             z = [usae.standardise(j, t.to(device)) for j, t in enumerate(batch)]
@@ -99,9 +101,11 @@ def train_usae(
         for key, value in zip(("loss", "mse", "aux"), (totals / batches).tolist()):
             history[key].append(value)
         history["dead_fraction"].append(float((idle >= cfg.dead_after).float().mean()))
+        history["steps"].append(step)
+        epoch += 1
         log.info(
-            "usae epoch %d/%d: loss %.4f, mse %.4f, aux %.4f, dead %.1f%%",
-            epoch + 1, cfg.epochs, history["loss"][-1], history["mse"][-1],
+            "usae epoch %d (step %d): loss %.4f, mse %.4f, aux %.4f, dead %.1f%%",
+            epoch, step, history["loss"][-1], history["mse"][-1],
             history["aux"][-1], 100 * history["dead_fraction"][-1],
         )
     usae.eval()
