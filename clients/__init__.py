@@ -2,7 +2,8 @@
 
 How to add one: subclass ``FedMechClient``, override ``loss`` (or ``fit``), register it
 with ``@CLIENTS.register("name", ConfigCls)`` (``pairs_with=`` when it only works with
-certain strategies) and import the module here.
+certain strategies, ``check=`` for rules between its parameters and the experiment or its
+data, run at validation) and import the module here.
 """
 
 from clients import fedbabu, fedlc, plain, proximal  # noqa: F401

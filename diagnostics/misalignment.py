@@ -42,6 +42,8 @@ import numpy as np
 import torch
 from safetensors.numpy import load as load_bytes, save as save_bytes
 
+from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import (
     ClassStats,
@@ -107,33 +109,35 @@ class _Splits:
     head: torch.Tensor
 
 
-@DIAGNOSTICS.register("misalignment", MisalignmentConfig)
+def _val_per_class(params: MisalignmentConfig, audit_per_class: int) -> int:
+    return int(round(params.validation_fraction * audit_per_class))
+
+
+def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+    """Probes and heads train on the audit set, and part of it selects their epochs."""
+    if data.audit_per_class == 0:
+        raise ConfigError(
+            "misalignment trains probes and heads on the server's audit set, but the experiment "
+            "has none (data.audit_per_class is 0); set data.audit_per_class (e.g. 100)",
+            where,
+        )
+    val = _val_per_class(params, data.audit_per_class)
+    if val < 1:
+        raise ConfigError(
+            f"validation_fraction {params.validation_fraction} of {data.audit_per_class} audit images per class "
+            "leaves none to select epochs on; raise it or data.audit_per_class",
+            f"{where}.validation_fraction",
+        )
+    head_set_per_class(params.head_samples, data.audit_per_class - val, data.num_classes, f"{where}.head_samples")
+
+
+@DIAGNOSTICS.register("misalignment", MisalignmentConfig, check=check_misalignment)
 class Misalignment(Diagnostic):
     """Global head vs linear probe vs realigned head, every due round."""
 
-    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
-        p = self.params
-        if audit_per_class == 0:
-            raise ConfigError(
-                "misalignment trains probes and heads on the server's audit set, but the experiment "
-                "has none; set data.audit_per_class (e.g. 100)",
-                where,
-            )
-        val = self._val_per_class(audit_per_class)
-        if val < 1:
-            raise ConfigError(
-                f"validation_fraction {p.validation_fraction} of {audit_per_class} audit images per class "
-                "leaves none to select epochs on; raise it or data.audit_per_class",
-                f"{where}.validation_fraction",
-            )
-        head_set_per_class(p.head_samples, audit_per_class - val, num_classes, f"{where}.head_samples")
-
-    def _val_per_class(self, audit_per_class: int) -> int:
-        return int(round(self.params.validation_fraction * audit_per_class))
-
     def _splits(self, y: torch.Tensor, num_classes: int, seed: int) -> _Splits:
         generator = seed_everything(seed, 4242)
-        val, train = balanced_split(y, self._val_per_class(len(y) // num_classes), num_classes, generator)
+        val, train = balanced_split(y, _val_per_class(self.params, len(y) // num_classes), num_classes, generator)
         head, _ = balanced_split(y[train], self.params.head_samples // num_classes, num_classes, generator)
         return _Splits(train, val, train[head])
 

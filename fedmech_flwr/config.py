@@ -270,11 +270,23 @@ def _check_pairing(cfg: ExperimentConfig, where: str) -> None:
 
 
 def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
-    """Validate a plain mapping (YAML contents) into an ExperimentConfig.
+    """Validate a plain mapping (YAML contents) into an ExperimentConfig, then check it
+    against its data and every chosen plug-in's own rules
+    (``fedmech_flwr.experiment.check_experiment``): what parses here, the ServerApp
+    accepts at start.
 
     ``source`` names the file in error messages. Call ``fedmech_flwr.plugins.load()``
     first so every plug-in has registered its name and config.
     """
+    from fedmech_flwr.experiment import check_experiment  # it imports this module
+
+    cfg = _parse_structure(raw, source)
+    check_experiment(cfg, f"{source}:")
+    return cfg
+
+
+def _parse_structure(raw: Any, source: str) -> ExperimentConfig:
+    """Keys, types, ranges, names and the rules between fields; no data read."""
     cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
     _check_cross_field(cfg, f"{source}: ")
     return cfg
@@ -348,5 +360,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
 
 
 def experiment_from_json(text: str) -> ExperimentConfig:
-    """Rebuild the resolved config that the ServerApp sends to clients."""
-    return parse_experiment(json.loads(text), "config from the ServerApp")
+    """Rebuild the resolved config that the ServerApp sends to clients. The ServerApp
+    checked it against the data at start; a node's copy of the data may live elsewhere
+    (``data-root``), so only its structure is validated here."""
+    return _parse_structure(json.loads(text), "config from the ServerApp")

@@ -3,7 +3,8 @@
 Each registered factory decodes its files once (idx ``.gz``, ``.npz`` or torchvision's
 arrays) and normalises the full arrays in one go: there are no per-sample PIL transforms.
 Nothing is ever downloaded; a missing dataset raises DataNotFoundError that lists where
-we looked and how to get the files.
+we looked and how to get the files. ``dataset_info`` gives a dataset's labels and shapes
+without decoding its images, for the checks made before a run starts.
 """
 
 from __future__ import annotations
@@ -81,10 +82,50 @@ class DatasetBundle:
         return self.x_train.shape[2]
 
 
+@dataclass(frozen=True, eq=False)
+class DataInfo:
+    """A dataset's shape without its images: what checks made before a run may know.
+
+    Read from the label files and headers where the dataset allows it (well under a
+    second), so ``fedmech validate`` and every sweep cell can check against it.
+    """
+
+    y_train: torch.Tensor = field(repr=False)
+    """int64 [N] training labels."""
+    num_test: int
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    """(channels, height, width) of one image."""
+    audit_per_class: int = 0
+    """The experiment's server-held audit set, per class (0: none); set by the check."""
+
+    @classmethod
+    def of(cls, bundle: DatasetBundle) -> DataInfo:
+        return cls(bundle.y_train, len(bundle.y_test), bundle.num_classes, tuple(bundle.x_train.shape[1:]))
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def class_counts(self) -> list[int]:
+        """Training samples per class."""
+        return torch.bincount(self.y_train, minlength=self.num_classes).tolist()
+
+    @property
+    def audit_size(self) -> int:
+        return self.audit_per_class * self.num_classes
+
+
 DatasetFactory = Callable[[Any], DatasetBundle]
 DATASETS: Registry[DatasetFactory] = Registry("dataset")
 
+DESCRIBERS: dict[str, Callable[[Any], DataInfo]] = {}
+"""Datasets that can say their ``DataInfo`` without decoding their images, by name; any
+other dataset is loaded (and cached) to describe it."""
+
 _CACHE: dict[tuple[str, str], DatasetBundle] = {}
+_INFO: dict[tuple[str, str], DataInfo] = {}
 
 
 def load_dataset(name: str, cfg: Any = None) -> DatasetBundle:
@@ -98,6 +139,17 @@ def load_dataset(name: str, cfg: Any = None) -> DatasetBundle:
     if key not in _CACHE:
         _CACHE[key] = entry.factory(cfg)
     return _CACHE[key]
+
+
+def dataset_info(name: str, cfg: Any = None) -> DataInfo:
+    """The shape of dataset ``name`` built from ``cfg``, cached per process like
+    ``load_dataset`` (a sweep's cells share one read)."""
+    cfg = DATASETS.get(name).config_cls() if cfg is None else cfg
+    key = (name, repr(cfg))
+    if key not in _INFO:
+        describe = DESCRIBERS.get(name, lambda c: DataInfo.of(load_dataset(name, c)))
+        _INFO[key] = describe(cfg)
+    return _INFO[key]
 
 
 def data_home() -> Path:
@@ -121,6 +173,15 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if data.size != np.prod(dims):
         raise ValueError(f"{path}: header says shape {dims} but holds {data.size} values")
     return data.reshape(dims)
+
+
+def read_idx_shape(path: str | os.PathLike) -> tuple[int, ...]:
+    """The stored shape of a gzipped idx file, from its header alone."""
+    with gzip.open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in _IDX_DTYPES:
+            raise ValueError(f"{path} is not an idx file (magic bytes {head.hex()})")
+        return tuple(int(d) for d in np.frombuffer(f.read(4 * head[3]), ">i4"))
 
 
 def _normalise(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -165,22 +226,32 @@ def _missing(what: str, looked: Sequence[object], how: str) -> DataNotFoundError
     return DataNotFoundError(f"{what} not found. Looked in:\n{places}\nTo get it: {how}")
 
 
-def _load_idx_dataset(
-    name: str, dirs: Sequence[Path], how: str, class_names: Sequence[str], mean: float, std: float
-) -> DatasetBundle:
-    """Load the four idx files from the first directory in ``dirs`` holding all of them."""
+def _idx_dir(name: str, dirs: Sequence[Path], how: str) -> Path:
+    """The first directory in ``dirs`` holding all four idx files (else DataNotFoundError)."""
     dirs = [d.expanduser().resolve() for d in dirs]
     for d in dirs:
         if all((d / f).is_file() for f in IDX_FILES):
-            log.info("%s: reading idx files from %s", name, d)
-            arrays = [read_idx(d / f) for f in IDX_FILES]
-            return _bundle(name, arrays, class_names, (mean,), (std,))
+            return d
     looked = [
         f"{d} (missing {', '.join(f for f in IDX_FILES if not (d / f).is_file())})"
         if d.is_dir() else f"{d} (no such directory)"
         for d in dirs
     ]
     raise _missing(name, looked, how)
+
+
+def _load_idx_dataset(name: str, d: Path, class_names: Sequence[str], mean: float, std: float) -> DatasetBundle:
+    log.info("%s: reading idx files from %s", name, d)
+    arrays = [read_idx(d / f) for f in IDX_FILES]
+    return _bundle(name, arrays, class_names, (mean,), (std,))
+
+
+def _idx_info(d: Path, num_classes: int) -> DataInfo:
+    """Labels and image shape of an idx dataset, without reading its images."""
+    train_images, train_labels, test_images, _ = IDX_FILES
+    y_train = torch.from_numpy(read_idx(d / train_labels).astype(np.int64))
+    height, width = read_idx_shape(d / train_images)[1:]
+    return DataInfo(y_train, read_idx_shape(d / test_images)[0], num_classes, (1, height, width))
 
 
 @dataclass
@@ -190,9 +261,7 @@ class FashionMNISTConfig:
     None: Debian's /usr/share/datasets/fashion-mnist, then ~/.cache/fedmech/data."""
 
 
-@DATASETS.register("fashion_mnist", FashionMNISTConfig)
-def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
-    """Fashion-MNIST, 60000/10000 grey 28x28 images, 10 classes."""
+def _fashion_mnist_dir(cfg: FashionMNISTConfig) -> Path:
     if cfg.root is None:
         dirs = [DEBIAN_FASHION_MNIST, data_home() / "FashionMNIST" / "raw"]
     else:
@@ -203,7 +272,16 @@ def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
         "'~/.cache/fedmech/data', download=True)\"`; or point `data.dataset.root: /path` at a "
         "directory holding the four idx .gz files. Nothing is downloaded automatically."
     )
-    return _load_idx_dataset("fashion_mnist", dirs, how, FASHION_CLASSES, 0.2860, 0.3530)
+    return _idx_dir("fashion_mnist", dirs, how)
+
+
+@DATASETS.register("fashion_mnist", FashionMNISTConfig)
+def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
+    """Fashion-MNIST, 60000/10000 grey 28x28 images, 10 classes."""
+    return _load_idx_dataset("fashion_mnist", _fashion_mnist_dir(cfg), FASHION_CLASSES, 0.2860, 0.3530)
+
+
+DESCRIBERS["fashion_mnist"] = lambda cfg: _idx_info(_fashion_mnist_dir(cfg), len(FASHION_CLASSES))
 
 
 @dataclass
@@ -213,9 +291,7 @@ class MNISTConfig:
     None: ~/.cache/fedmech/data/MNIST/raw."""
 
 
-@DATASETS.register("mnist", MNISTConfig)
-def mnist(cfg: MNISTConfig) -> DatasetBundle:
-    """MNIST digits, 60000/10000 grey 28x28 images, 10 classes."""
+def _mnist_dir(cfg: MNISTConfig) -> Path:
     if cfg.root is None:
         dirs = [data_home() / "MNIST" / "raw"]
     else:
@@ -226,7 +302,16 @@ def mnist(cfg: MNISTConfig) -> DatasetBundle:
         "`data.dataset.root: /path` at a directory holding the four idx .gz files. Nothing is "
         "downloaded automatically."
     )
-    return _load_idx_dataset("mnist", dirs, how, [str(i) for i in range(10)], 0.1307, 0.3081)
+    return _idx_dir("mnist", dirs, how)
+
+
+@DATASETS.register("mnist", MNISTConfig)
+def mnist(cfg: MNISTConfig) -> DatasetBundle:
+    """MNIST digits, 60000/10000 grey 28x28 images, 10 classes."""
+    return _load_idx_dataset("mnist", _mnist_dir(cfg), [str(i) for i in range(10)], 0.1307, 0.3081)
+
+
+DESCRIBERS["mnist"] = lambda cfg: _idx_info(_mnist_dir(cfg), 10)
 
 
 @dataclass
@@ -241,11 +326,12 @@ class CIFAR10Config:
 
 _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
+_CIFAR_EXPECTED = "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]"
 
 
-@DATASETS.register("cifar10", CIFAR10Config)
-def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
-    """CIFAR-10, 50000/10000 RGB 32x32 images, 10 classes, from an .npz or torchvision."""
+def _cifar10_source(cfg: CIFAR10Config) -> Path:
+    """The first CIFAR-10 .npz or cifar-10-batches-py folder that ``cfg`` points at and
+    exists (else DataNotFoundError)."""
     if cfg.npz is not None:
         candidates = [Path(cfg.npz)]
     elif cfg.root is not None:
@@ -259,13 +345,8 @@ def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
         ]
     candidates = [p.expanduser().resolve() for p in candidates]
     for path in candidates:
-        if path.suffix == ".npz" and path.is_file():
-            log.info("cifar10: loading %s", path)
-            arrays, names = _read_cifar_npz(path)
-            return _bundle("cifar10", arrays, names, _CIFAR_MEAN, _CIFAR_STD)
-        if path.name == "cifar-10-batches-py" and path.is_dir():
-            arrays = _read_cifar_torchvision(path.parent)
-            return _bundle("cifar10", arrays, CIFAR10_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
+        if (path.suffix == ".npz" and path.is_file()) or (path.name == "cifar-10-batches-py" and path.is_dir()):
+            return path
     how = (
         "set `data.dataset.npz: /path/cifar10.npz` (or $FEDMECH_CIFAR10_NPZ) to an .npz holding "
         "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]; or, on a machine "
@@ -275,25 +356,53 @@ def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
     raise _missing("cifar10", candidates, how)
 
 
+@DATASETS.register("cifar10", CIFAR10Config)
+def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
+    """CIFAR-10, 50000/10000 RGB 32x32 images, 10 classes, from an .npz or torchvision."""
+    path = _cifar10_source(cfg)
+    if path.suffix == ".npz":
+        log.info("cifar10: loading %s", path)
+        arrays, names = _read_cifar_npz(path)
+        return _bundle("cifar10", arrays, names, _CIFAR_MEAN, _CIFAR_STD)
+    return _bundle("cifar10", _read_cifar_torchvision(path.parent), CIFAR10_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
+
+
+def _cifar10_info(cfg: CIFAR10Config) -> DataInfo:
+    """From an .npz, the labels alone; the torchvision pickles hold labels and images
+    together, so those are loaded."""
+    path = _cifar10_source(cfg)
+    if path.suffix != ".npz":
+        return DataInfo.of(load_dataset("cifar10", cfg))
+    with np.load(path, allow_pickle=False) as z:
+        _check_cifar_keys(path, z.files)
+        y_train, num_test = z["y_train"], len(z["y_test"])
+    return DataInfo(torch.from_numpy(y_train.astype(np.int64)), num_test, len(CIFAR10_CLASSES), (3, 32, 32))
+
+
+DESCRIBERS["cifar10"] = _cifar10_info
+
+
+def _check_cifar_keys(path: Path, files: list[str]) -> None:
+    missing = [k for k in CIFAR10_KEYS if k not in files]
+    if missing:
+        raise ConfigError(
+            f"{path} is not a CIFAR-10 npz: missing array(s) {missing} (it has {files}); expected {_CIFAR_EXPECTED}"
+        )
+
+
 def _read_cifar_npz(path: Path) -> tuple[list[np.ndarray], tuple[str, ...]]:
     """The four CIFAR-10 arrays from ``path``, checked; class names if it stores them."""
-    expected = "uint8 x_train/x_test [N,32,32,3] and integer y_train/y_test [N]"
     with np.load(path, allow_pickle=False) as z:
-        missing = [k for k in CIFAR10_KEYS if k not in z.files]
-        if missing:
-            raise ConfigError(
-                f"{path} is not a CIFAR-10 npz: missing array(s) {missing} "
-                f"(it has {z.files}); expected {expected}"
-            )
+        _check_cifar_keys(path, z.files)
         arrays = [z[k] for k in CIFAR10_KEYS]
         names = tuple(str(n) for n in z["label_names"]) if "label_names" in z.files else ()
     for x, y, split in ((arrays[0], arrays[1], "train"), (arrays[2], arrays[3], "test")):
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (32, 32, 3):
-            raise ConfigError(f"{path}: x_{split} is {x.dtype} {x.shape}; expected {expected}")
+            raise ConfigError(f"{path}: x_{split} is {x.dtype} {x.shape}; expected {_CIFAR_EXPECTED}")
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
             raise ConfigError(
                 f"{path}: y_{split} is {y.dtype} {y.shape} for {len(x)} images; "
-                f"expected {expected}"
+                f"expected {_CIFAR_EXPECTED}"
             )
     return arrays, names if len(names) == 10 else CIFAR10_CLASSES
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-    """An invalid experiment configuration; ``where`` names the file and key."""
+    """An invalid experiment configuration; ``where`` names the file and key.
+
+    ``where`` ends the message's first line, so a multi-line message (a list of places
+    looked in) still says on its first line what is wrong and where.
+    """
 
     def __init__(self, message: str, where: str = "") -> None:
         self.message = message
         self.where = where
-        super().__init__(f"{message} in {where}" if where else message)
+        first, newline, rest = message.partition("\n")
+        super().__init__(f"{first} in {where}{newline}{rest}" if where else message)
 
 
 class DataNotFoundError(FileNotFoundError):

@@ -7,20 +7,22 @@ partitions are cached per process (Ray actors serve many clients); nothing per-c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DatasetBundle, load_dataset
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.config import PLUGIN_KEYS, ExperimentConfig, plugin_registries
+from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_dataset
+from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
 from fedmech_flwr.training import seed_everything
-from fedmech_flwr.typed import to_plain
+from fedmech_flwr.typed import join_key, to_plain
 
 _PARTITIONS: dict[str, list[np.ndarray]] = {}
 
@@ -29,7 +31,48 @@ def load_data(cfg: ExperimentConfig) -> DatasetBundle:
     return load_dataset(cfg.data.dataset.name, cfg.data.dataset.params)
 
 
-def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle) -> np.ndarray:
+def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
+    """Every check of ``cfg`` that can be made before Flower starts.
+
+    Reads the dataset's labels (not its images), then runs what the ServerApp runs at
+    start: the audit set, the clients' partitions, the model, and each chosen plug-in's
+    own ``check`` (``Entry.check``). ``where`` prefixes the key paths in errors (e.g.
+    ``"x.yaml:"``). Labels and partitions are cached, so a sweep's cells cost
+    milliseconds each.
+    """
+    dataset = cfg.data.dataset
+    described = f"dataset '{dataset.name}' with {to_plain(dataset.params)}"
+    try:
+        data = dataset_info(dataset.name, dataset.params)
+    except DataNotFoundError as err:
+        raise ConfigError(f"{described} is not on this machine\n{err}", join_key(where, "data.dataset")) from err
+    except ValueError as err:  # a foreign or damaged file
+        raise ConfigError(f"{described} cannot be read: {err}", join_key(where, "data.dataset")) from err
+    data = dataclasses.replace(data, audit_per_class=cfg.data.audit_per_class)
+    try:  # the core's own rules, which name their keys relative to the experiment
+        client_partitions(cfg, data)
+        with torch.random.fork_rng(devices=[]):  # a check leaves the caller's random state alone
+            build_model(cfg.model.name, cfg.model.params, in_channels=data.input_shape[0],
+                        num_classes=data.num_classes, image_size=data.input_shape[1])
+    except ConfigError as err:
+        raise ConfigError(err.message, join_key(where, err.where)) from err
+    registries = plugin_registries()
+    for kind, chosen, key in _chosen(cfg):
+        check = registries[kind].get(chosen.name).check
+        if check is not None:
+            check(chosen.params, cfg, data, join_key(where, key))
+
+
+def _chosen(cfg: ExperimentConfig) -> list[tuple[str, Any, str]]:
+    """(kind, chosen component, its key) of every plug-in ``cfg`` uses."""
+    single = {"dataset": cfg.data.dataset, "partition": cfg.data.partition, "model": cfg.model,
+              "client": cfg.client, "strategy": cfg.strategy}
+    return [(kind, component, PLUGIN_KEYS[kind]) for kind, component in single.items()] + [
+        ("diagnostic", spec, f"{PLUGIN_KEYS['diagnostic']}[{i}]") for i, spec in enumerate(cfg.diagnostics)
+    ]
+
+
+def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -> np.ndarray:
     """Training-set indices of the server's audit set: ``data.audit_per_class`` samples of
     every class, seeded, sorted (empty without an audit set)."""
     per_class = cfg.data.audit_per_class
@@ -68,9 +111,10 @@ def _image_digests(x: torch.Tensor) -> set[str]:
     return {hashlib.sha1(image.tobytes()).hexdigest() for image in x.cpu().numpy()}
 
 
-def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle) -> list[np.ndarray]:
+def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -> list[np.ndarray]:
     """Training-set indices of every client (deterministic in the config and seed); the
-    audit set, if any, is held out before partitioning."""
+    audit set, if any, is held out before partitioning. Labels are all it reads, so the
+    check before a run (``check_experiment``) draws the very partitions the run uses."""
     key = repr((to_plain(cfg.data), cfg.federation.num_clients, cfg.seed))
     if key not in _PARTITIONS:
         part = cfg.data.partition

@@ -116,15 +116,13 @@ class DiagnosticResult:
 class Diagnostic:
     """Base class of diagnostic plug-ins; register subclasses in ``DIAGNOSTICS``.
 
-    The registered class is built with its validated config: ``cls(params)``.
+    The registered class is built with its validated config: ``cls(params)``. Rules
+    between its parameters and the experiment or the data belong in the ``check`` it
+    registers with (``fedmech_flwr.registry.Entry.check``): they then fail at validation.
     """
 
     def __init__(self, params: Any) -> None:
         self.params = params
-
-    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
-        """Optional: fail with a ConfigError, before the run starts, when the parameters
-        cannot work with this data (``where`` is the config key to name)."""
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any] | None:
         """Optional work on a client's own data after local training; a small dict."""

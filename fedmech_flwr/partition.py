@@ -39,7 +39,8 @@ def partition_dataset(
     if num_clients < 1 or num_clients > len(labels):
         raise ConfigError(
             f"num_clients must be between 1 and the number of training samples "
-            f"({len(labels)}), got {num_clients}"
+            f"({len(labels)}), got {num_clients}",
+            "federation.num_clients",
         )
     parts = PARTITIONERS.get(name).factory(labels, num_clients, cfg, seed)
     if len(parts) != num_clients:
@@ -53,7 +54,8 @@ def partition_dataset(
     if empty:
         raise ConfigError(
             f"partition '{name}' left client(s) {empty} without samples; use fewer clients "
-            f"or change the partition's parameters"
+            f"or change the partition's parameters",
+            "data.partition",
         )
     sizes = [len(p) for p in parts]
     log.info(
@@ -105,7 +107,8 @@ def dirichlet(
     if cfg.min_samples * num_clients > len(labels):
         raise ConfigError(
             f"dirichlet: {num_clients} clients x min_samples={cfg.min_samples} needs more "
-            f"than the {len(labels)} samples there are; lower min_samples or use fewer clients"
+            f"than the {len(labels)} samples there are; lower min_samples or use fewer clients",
+            "data.partition.min_samples",
         )
     rng = np.random.default_rng(seed)
     by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)]
@@ -124,7 +127,8 @@ def dirichlet(
     raise ConfigError(
         f"dirichlet: no draw in {cfg.max_attempts} attempts gave every client "
         f"min_samples={cfg.min_samples} (the best draw's smallest client had {best}); "
-        f"raise alpha (now {cfg.alpha}), lower min_samples, or use fewer clients"
+        f"raise alpha (now {cfg.alpha}), lower min_samples, or use fewer clients",
+        "data.partition.alpha",
     )
 
 
@@ -143,7 +147,7 @@ def classes_per_client(
     split evenly among its holders. Classes dealt to nobody are unused."""
     classes = np.unique(labels)
     if cfg.k > len(classes):
-        raise ConfigError(f"k must be <= the number of classes ({len(classes)}), got {cfg.k}")
+        raise ConfigError(f"k must be <= the number of classes ({len(classes)}), got {cfg.k}", "data.partition.k")
     rng = np.random.default_rng(seed)
     order = rng.permutation(classes)
     holders: dict[int, list[int]] = {}
@@ -170,15 +174,17 @@ def class_map(
     extra = sorted(set(cfg.classes) - set(range(num_clients)))
     if missing or extra:
         raise ConfigError(
-            f"classes must name exactly clients 0..{num_clients - 1}; "
-            f"missing {missing}, extra {extra}"
+            f"classes must name exactly clients 0..{num_clients - 1} (federation.num_clients is "
+            f"{num_clients}); missing {missing}, extra {extra}",
+            "data.partition.classes",
         )
     num_classes = int(labels.max()) + 1
     holders: dict[int, list[int]] = {}
     for client, held in sorted(cfg.classes.items()):
         for c in sorted(set(held)):
             if not 0 <= c < num_classes:
-                raise ConfigError(f"client {client}: class {c} is outside 0..{num_classes - 1}")
+                raise ConfigError(f"client {client}: class {c} is outside 0..{num_classes - 1}",
+                                  f"data.partition.classes.{client}")
             holders.setdefault(c, []).append(client)
     return _split_classes(labels, holders, num_clients, np.random.default_rng(seed))
 

@@ -33,6 +33,13 @@ class Entry(Generic[F]):
     pairs_with: tuple[str, ...] = ()
     """Names in the partner registry this entry only works with (a strategy's clients,
     a client's strategies); empty: any. Checked when an experiment is validated."""
+    check: Callable[..., None] | None = None
+    """Optional ``check(params, cfg, data, where)``: raise a ConfigError naming ``where``
+    (this entry's key, e.g. ``x.yaml: strategy``) when ``params`` cannot work in the
+    experiment ``cfg`` with data shaped like ``data`` (a ``fedmech_flwr.data.DataInfo``).
+    Every validation calls it (``fedmech validate``, ``fedmech run`` before it starts
+    anything, each sweep cell), so a plug-in's own rules fail in seconds, not in the
+    ServerApp."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,15 @@ class Registry(Generic[F]):
         self.kind = kind
         self._entries: dict[str, Entry[F]] = {}
 
-    def register(self, name: str, config_cls: type | None = None, pairs_with: tuple[str, ...] = ()) -> Callable[[F], F]:
-        """Decorator: register ``factory`` under ``name`` with its config dataclass."""
+    def register(
+        self,
+        name: str,
+        config_cls: type | None = None,
+        pairs_with: tuple[str, ...] = (),
+        check: Callable[..., None] | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: register ``factory`` under ``name`` with its config dataclass (and
+        optionally its partners and its ``check``, see ``Entry``)."""
 
         def decorator(factory: F) -> F:
             if name in self._entries:
@@ -56,7 +70,7 @@ class Registry(Generic[F]):
                     f"{self.kind} '{name}' is already registered "
                     f"(by {self._entries[name].factory!r}); pick another name"
                 )
-            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with)
+            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with, check)
             return factory
 
         return decorator

@@ -99,8 +99,6 @@ def run_experiment(
     )
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
     diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
-    for i, (_, diagnostic) in enumerate(diagnostics):
-        diagnostic.check(bundle.num_classes, cfg.data.audit_per_class, f"diagnostics[{i}]")
     partitions = discover_partitions(grid, cfg.federation.num_clients, cfg.federation.round_timeout_s)
 
     if resume:

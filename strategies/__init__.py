@@ -3,7 +3,8 @@
 How to add one: subclass a Flower strategy, override one step (the way Flower's FedProx
 overrides ``configure_train``), write a factory ``f(params, ctx) -> Strategy`` that passes
 ``**OFFERED_NODES_ONLY``, register it with ``@STRATEGIES.register("name", ConfigCls)``
-(``pairs_with=`` when it needs a particular client) and import the module here. Sampling,
+(``pairs_with=`` when it needs a particular client, ``check=`` for rules between its
+parameters and the experiment or its data, run at validation) and import the module here. Sampling,
 failure policy and diagnostics come from the round protocol that wraps every strategy.
 """
 

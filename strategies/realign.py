@@ -28,6 +28,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedmech_flwr.arrays import from_record, model_arrays, to_record
+from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import (
     Covariance,
@@ -46,6 +48,7 @@ from fedmech_flwr.heads import (
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, request_class_stats
 from fedmech_flwr.training import seed_everything
+from fedmech_flwr.typed import join_key
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
 log = logging.getLogger(__name__)
@@ -103,19 +106,24 @@ class HeadRealignConfig(RealignConfig):
     """The paper's recipe by default: AdamW lr 1e-3, wd 5e-4, cosine over 5 epochs, batch 16."""
 
 
+def check_head_realign(params: HeadRealignConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+    """The head set and the images that select its epoch both come from the audit set."""
+    if data.audit_per_class == 0:
+        raise ConfigError(
+            "fedavg_head_realign finetunes the head on the server's audit set, but the "
+            "experiment has none (data.audit_per_class is 0); set data.audit_per_class (e.g. 50)",
+            where,
+        )
+    # every class keeps at least one image to select the epoch on
+    head_set_per_class(params.samples, data.audit_per_class - 1, data.num_classes, join_key(where, "samples"))
+
+
 class FedAvgHeadRealign(RealigningFedAvg):
     """FedAvg, then finetune only the head on the server's balanced audit subset."""
 
     def __init__(self, params: HeadRealignConfig, ctx: StrategyContext) -> None:
         super().__init__(params, ctx)
-        if ctx.audit is None:
-            raise ConfigError(
-                "fedavg_head_realign finetunes the head on the server's audit set, but the "
-                "experiment has none; set data.audit_per_class (e.g. 50)",
-                "strategy",
-            )
-        x, y = ctx.audit
-        # every class keeps at least one image to select the epoch on
+        x, y = ctx.audit  # check_head_realign made sure there is one, large enough
         per_class = head_set_per_class(params.samples, len(y) // ctx.num_classes - 1, ctx.num_classes, "strategy.samples")
         head_idx, rest = balanced_split(y, per_class, ctx.num_classes, seed_everything(ctx.seed, 31337))
         self.head_set = (x[head_idx], y[head_idx])
@@ -180,7 +188,7 @@ class TauNorm(RealigningFedAvg):
         return tau_normalize(LinearHead.of(model), self.tau)
 
 
-STRATEGIES.register("fedavg_head_realign", HeadRealignConfig)(FedAvgHeadRealign)
+STRATEGIES.register("fedavg_head_realign", HeadRealignConfig, check=check_head_realign)(FedAvgHeadRealign)
 STRATEGIES.register("ncm", RealignConfig)(NearestClassMean)
 STRATEGIES.register("ccvr", CCVRConfig)(CCVR)
 STRATEGIES.register("tau_norm", TauNormConfig)(TauNorm)

@@ -193,9 +193,8 @@ def test_audit_set_is_held_out_from_every_client_and_used_for_global_circuits(tm
 
 def test_audit_without_an_audit_set_is_a_clear_error(tmp_path):
     plugins.load()
-    cfg = load_experiment(CIRCUITS_SMOKE, ["federation.num_rounds=1", "diagnostics=[{name: circuits, audit: true}]"])
     with pytest.raises(ConfigError, match="data.audit_per_class > 0"):  # before the run starts
-        run_in_process(cfg, tmp_path)
+        run_in_process(load_experiment(CIRCUITS_SMOKE, ["diagnostics=[{name: circuits, audit: true}]"]), tmp_path)
     assert not any(tmp_path.iterdir())
 
 

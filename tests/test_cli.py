@@ -48,6 +48,103 @@ def test_validate_malformed_override_and_missing_file(capsys, tmp_path):
     assert "experiment file not found" in capsys.readouterr().err
 
 
+# --- validate and run refuse the same bad input, before anything starts -----------------
+
+SMOKE_AT = "in experiments/smoke.yaml: "
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+CIFAR10_NPZ = REPO.parent / "shared" / "data" / "cifar10" / "cifar10.npz"
+needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason=f"Fashion-MNIST absent ({FASHION_MNIST})")
+needs_cifar10 = pytest.mark.skipif(not CIFAR10_NPZ.is_file(), reason=f"CIFAR-10 absent ({CIFAR10_NPZ})")
+
+BAD_INPUT = [
+    # caught only inside the ServerApp before (issue 12)
+    (["federation.num_clients=400"],
+     "num_clients must be between 1 and the number of training samples (300), got 400 " + SMOKE_AT + "federation.num_clients"),
+    (["data.dataset.num_classes=10", "data.partition={name: class_map, classes: {0: [0], 1: [11], 2: [2]}}"],
+     "client 1: class 11 is outside 0..9 " + SMOKE_AT + "data.partition.classes.1"),
+    (["data.dataset={name: fashion_mnist, root: /nonexistent}"],
+     "dataset 'fashion_mnist' with {'root': '/nonexistent'} is not on this machine " + SMOKE_AT + "data.dataset"),
+    (["data.audit_per_class=15", "strategy={name: fedavg_head_realign}"],
+     "a balanced head set of 200 needs 50 per class, but the audit set has 14 per class to spare for it; "
+     "raise data.audit_per_class or lower the samples " + SMOKE_AT + "strategy.samples"),
+    (["model.channels=[4, 8, 8, 8]"],
+     "image_size 12 is too small for 4 conv blocks (each max-pool halves it); use at most 3 channels entries or "
+     "larger images " + SMOKE_AT + "model.channels"),
+    (["data.audit_per_class=80"],
+     "audit_per_class (80) must be below the 75 training samples of class 0 " + SMOKE_AT + "data.audit_per_class"),
+    (["data.partition={name: dirichlet, min_samples: 101}"],
+     "dirichlet: 3 clients x min_samples=101 needs more than the 300 samples there are; lower min_samples or use "
+     "fewer clients " + SMOKE_AT + "data.partition.min_samples"),
+    (["data.partition={name: dirichlet, alpha: 0.01, min_samples: 90, max_attempts: 3}"],
+     ("no draw in 3 attempts gave every client min_samples=90", SMOKE_AT + "data.partition.alpha")),
+    (["data.partition={name: classes_per_client, k: 5}"],
+     "k must be <= the number of classes (4), got 5 " + SMOKE_AT + "data.partition.k"),
+    (["data.partition={name: class_map, classes: {0: [0], 1: [1]}}"],
+     "classes must name exactly clients 0..2 (federation.num_clients is 3); missing [2], extra [] "
+     + SMOKE_AT + "data.partition.classes"),
+    (["diagnostics=[{name: misalignment}]"], "(data.audit_per_class is 0); set data.audit_per_class (e.g. 100) "
+     + SMOKE_AT + "diagnostics[0]"),
+    (["diagnostics=[{name: circuits, audit: true}]"],
+     "circuits.audit is true but the run has no audit set (data.audit_per_class is 0); set data.audit_per_class > 0 "
+     + SMOKE_AT + "diagnostics[0].audit"),
+    (["diagnostics=[{name: usae, layer: conv1, compare: reference}]"],
+     "compare: reference needs reference: RUN_DIR or CONFIG.yaml:WEIGHTS, got None " + SMOKE_AT + "diagnostics[0].reference"),
+    # caught at validation already
+    (["strategy={name: fedavgg}"], ("unknown strategy 'fedavgg'; did you mean 'fedavg'? registered: ",
+                                    SMOKE_AT + "strategy.name")),
+    (["data.partition.alpha=-1"], "alpha must be > 0, got -1.0 " + SMOKE_AT + "data.partition.alpha"),
+    (["strategy={name: fedprox}"],
+     "strategy 'fedprox' needs client 'proximal', got 'plain'; set client.name accordingly " + SMOKE_AT + "client.name"),
+    (["federation.clients_per_round=4"],
+     "clients_per_round (4) must be <= num_clients (3) " + SMOKE_AT + "federation.clients_per_round"),
+    # on real data
+    pytest.param(["data.dataset={name: fashion_mnist}", "federation.num_clients=60001"],
+                 "number of training samples (60000), got 60001 " + SMOKE_AT + "federation.num_clients",
+                 marks=needs_fashion_mnist, id="fashion_mnist-clients"),
+    pytest.param(["data.dataset={name: cifar10}", "data.partition={name: class_map, classes: {0: [0], 1: [11], 2: [2]}}"],
+                 "client 1: class 11 is outside 0..9 " + SMOKE_AT + "data.partition.classes.1",
+                 marks=needs_cifar10, id="cifar10-class-map"),
+    pytest.param(["data.dataset={name: cifar10}", "data.audit_per_class=5000"],
+                 "audit_per_class (5000) must be below the 5000 training samples of class 0 " + SMOKE_AT
+                 + "data.audit_per_class",
+                 marks=needs_cifar10, id="cifar10-audit"),
+]
+
+
+def _no_launch(*args, **kwargs):
+    raise AssertionError("fedmech run started Flower for input it should have refused")
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_validate_and_run_refuse_the_same_bad_input_before_anything_starts(overrides, message, capsys, monkeypatch, tmp_path):
+    """``validate`` never says OK to a config that ``run`` refuses at start: both exit 2 and
+    the first line of stderr names the key, the value and what is allowed (``message``: one
+    fragment of that line, or several)."""
+    import fedmech_flwr.cli as cli
+
+    fragments = (message,) if isinstance(message, str) else message
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(cli, "launch", _no_launch)
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    for command in (["validate"], ["run", "--out", str(tmp_path)]):
+        assert main([*command, "experiments/smoke.yaml", *sets]) == EXIT_BAD_INPUT, command
+        out, err = capsys.readouterr()
+        assert out == "" and all(f in err.splitlines()[0] for f in fragments), (command, err)
+        assert err.startswith("error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_of_a_good_config_gets_as_far_as_launch(monkeypatch, tmp_path):
+    """The table above is not vacuous: with valid input, ``run`` does reach ``launch``."""
+    import fedmech_flwr.cli as cli
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(cli, "launch", _no_launch)
+    with pytest.raises(AssertionError, match="started Flower"):
+        main(["run", "experiments/smoke.yaml", "--out", str(tmp_path)])
+
+
 # --- plot -------------------------------------------------------------------------------
 
 def test_plot_regenerates_deleted_plots(smoke_run, tmp_path, capsys):

@@ -15,10 +15,12 @@ from fedmech_flwr.data import (
     IDX_FILES,
     repo_root,
     CIFAR10Config,
+    DataInfo,
     FashionMNISTConfig,
     MNISTConfig,
     SyntheticConfig,
     cifar10,
+    dataset_info,
     fashion_mnist,
     load_dataset,
     read_idx,
@@ -218,3 +220,47 @@ def test_cifar10_from_torchvision_root(tmp_path, monkeypatch):
     b = load_dataset("cifar10", CIFAR10Config(root=str(tmp_path)))
     assert b.x_train.shape == (8, 3, 32, 32) and b.y_test.tolist() == [0, 1]
     assert b.x_train[0, 0, 0, 0].item() == pytest.approx((1 - 0.4914) / 0.2470)
+
+
+# --- DataInfo: the shape of the data, read before a run --------------------------------
+
+def test_dataset_info_matches_the_loaded_dataset(tmp_path):
+    write_idx_dataset(tmp_path / "fm")
+    for name, cfg in [
+        ("fashion_mnist", FashionMNISTConfig(root=str(tmp_path / "fm"))),
+        ("cifar10", CIFAR10Config(npz=str(fake_cifar(tmp_path / "c.npz")))),
+        ("synthetic", SyntheticConfig(num_train=30, num_test=7, num_classes=3, image_size=8, channels=2)),
+    ]:
+        info, bundle = dataset_info(name, cfg), load_dataset(name, cfg)
+        assert torch.equal(info.y_train, bundle.y_train), name
+        assert (info.num_train, info.num_test, info.num_classes) == (len(bundle.y_train), len(bundle.y_test),
+                                                                      bundle.num_classes), name
+        assert info.input_shape == tuple(bundle.x_train.shape[1:]), name
+        assert info.class_counts == torch.bincount(bundle.y_train, minlength=bundle.num_classes).tolist(), name
+        assert info.audit_per_class == info.audit_size == 0
+
+
+def test_dataset_info_reads_labels_and_headers_not_images(tmp_path):
+    write_idx_dataset(tmp_path)
+    for name, n in ((IDX_FILES[0], 12), (IDX_FILES[2], 6)):  # image files cut after their header
+        with gzip.open(tmp_path / name, "wb") as f:
+            f.write(bytes([0, 0, 0x08, 3]) + struct.pack(">3i", n, 28, 28))
+    info = dataset_info("fashion_mnist", FashionMNISTConfig(root=str(tmp_path)))
+    assert (info.num_train, info.num_test, info.input_shape) == (12, 6, (1, 28, 28))
+    assert info.class_counts == [2, 2] + [1] * 8
+    with pytest.raises(ValueError, match="header says shape"):
+        fashion_mnist(FashionMNISTConfig(root=str(tmp_path)))
+
+
+def test_data_info_audit_size():
+    info = DataInfo(torch.arange(20) % 4, 8, 4, (1, 8, 8), audit_per_class=3)
+    assert (info.num_train, info.audit_size, info.class_counts) == (20, 12, [5, 5, 5, 5])
+
+
+@pytest.mark.skipif(not (DEBIAN_FASHION_MNIST.is_dir() and SHARED_CIFAR.is_file()),
+                    reason="dataset-fashion-mnist or the shared cifar10.npz absent")
+def test_real_data_info():
+    fm = dataset_info("fashion_mnist", FashionMNISTConfig())
+    assert (fm.num_train, fm.num_test, fm.input_shape, fm.class_counts) == (60000, 10000, (1, 28, 28), [6000] * 10)
+    c = dataset_info("cifar10", CIFAR10Config(npz=str(SHARED_CIFAR)))
+    assert (c.num_train, c.num_test, c.input_shape, c.class_counts) == (50000, 10000, (3, 32, 32), [5000] * 10)

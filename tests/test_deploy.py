@@ -9,6 +9,7 @@ nothing behind (about 20 s), and one simulation on a Ray head started here (abou
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 from conftest import REPO, smoke_config
 from fedmech_flwr.client_app import node_dataset
+from fedmech_flwr.config import experiment_from_json
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.launch import MAKE_CERTS, QUIET_ENV, Credentials, _free_port, _stop
 from fedmech_flwr.run_folder import LOGS_DIR, read_records, read_status
@@ -66,7 +68,9 @@ def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout: float 
 # --- fast ------------------------------------------------------------------------------
 
 def test_node_data_root_replaces_the_dataset_root():
-    cfg = smoke_config(["data.dataset={name: fashion_mnist, root: /server/fmnist}"])
+    plain = smoke_config().to_plain()
+    plain["data"]["dataset"] = {"name": "fashion_mnist", "root": "/server/fmnist"}
+    cfg = experiment_from_json(json.dumps(plain))  # as a node gets it: the server's data path is not checked here
     assert node_dataset(cfg, {"partition-id": 0}) is cfg
     moved = node_dataset(cfg, {"partition-id": 0, "data-root": "/device/fmnist"})
     assert moved.data.dataset.params.root == "/device/fmnist"

@@ -17,7 +17,7 @@ from conftest import run_folders, smoke_config, without_measured
 from faults import Fault, faulty_app
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
 from fedmech_flwr.config import parse_experiment
-from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_data, new_model
 from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
 from fedmech_flwr.inprocess import run_in_process
@@ -203,7 +203,7 @@ def test_failure_with_continue_policy_completes(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "error", "fragments"),
     [
-        (["data.dataset={name: fashion_mnist, root: /nonexistent}"], DataNotFoundError,
+        (["data.dataset={name: fashion_mnist, root: /nonexistent}"], ConfigError,
          ["fashion_mnist not found", "/nonexistent (no such directory)", "Nothing is downloaded"]),
         (["data.partition.alpha=0"], ConfigError, ["alpha must be > 0, got 0", "data.partition.alpha"]),
         (["data.partition.alpha=-1"], ConfigError, ["alpha must be > 0, got -1"]),

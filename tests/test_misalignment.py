@@ -15,10 +15,11 @@ import torch
 import yaml
 
 from conftest import rolled_head, small_cnn
-from diagnostics.misalignment import Misalignment, MisalignmentConfig, degenerate_heads
+from diagnostics.misalignment import Misalignment, MisalignmentConfig, check_misalignment, degenerate_heads
 from diagnostics.misalignment_table import skew_gaps, table, table_row
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
 from fedmech_flwr.cli import main
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearTrainConfig, balanced_split
 from fedmech_flwr.hooks import ClientUpdate, GlobalContext, RoundState
@@ -114,8 +115,9 @@ def test_diagnostic_never_changes_the_weights(separable_cnn):
     ],
 )
 def test_bad_input_is_refused_before_the_run(params, audit_per_class, match):
+    data = DataInfo(torch.arange(400) % NUM_CLASSES, 100, NUM_CLASSES, (1, 8, 8), audit_per_class)
     with pytest.raises(ConfigError, match=match):
-        Misalignment(MisalignmentConfig(**params)).check(NUM_CLASSES, audit_per_class, "diagnostics[0]")
+        check_misalignment(MisalignmentConfig(**params), None, data, "diagnostics[0]")
 
 
 def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path, capsys, smoke_run):
@@ -190,9 +192,8 @@ def test_a_head_that_predicts_one_class_is_flagged(separable_cnn, caplog):
 
 
 def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):
-    cfg = make_cfg("diagnostics=[{name: misalignment, head_samples: 20}]")
-    with pytest.raises(ConfigError, match="audit_per_class.* in diagnostics\\[0\\]"):
-        run_in_process(cfg, tmp_path)
+    with pytest.raises(ConfigError, match="audit_per_class.* in .*smoke.yaml: diagnostics\\[0\\]"):
+        run_in_process(make_cfg("diagnostics=[{name: misalignment, head_samples: 20}]"), tmp_path)
     assert not any(tmp_path.iterdir())
 
 

@@ -11,6 +11,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from conftest import rolled_head, small_cnn
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record, weighted_mean
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import ClassStats, LinearHead, class_stats, features, ncm_head, score
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
@@ -123,15 +124,19 @@ def test_head_realignment_recovers_a_scrambled_head_and_keeps_the_body(replies, 
     assert accuracy(mean) < 0.1 and accuracy(got) > 0.9
 
 
-def test_head_realignment_needs_an_audit_set_of_the_right_size(data):
-    no_audit = context(data)
-    no_audit.audit = None
-    with pytest.raises(ConfigError, match="set data.audit_per_class"):
-        make("fedavg_head_realign", HeadRealignConfig(), no_audit)
-    with pytest.raises(ConfigError, match="3 samples must be at least the number of classes \\(4\\)"):
-        make("fedavg_head_realign", HeadRealignConfig(samples=3), context(data))
+def test_head_realignment_needs_an_audit_set_of_the_right_size():
+    check = STRATEGIES.get("fedavg_head_realign").check
+
+    def data(audit_per_class: int) -> DataInfo:
+        return DataInfo(torch.arange(400) % NUM_CLASSES, 100, NUM_CLASSES, (1, 8, 8), audit_per_class)
+
+    with pytest.raises(ConfigError, match="set data.audit_per_class.* in x.yaml: strategy$"):
+        check(HeadRealignConfig(), None, data(0), "x.yaml: strategy")
+    with pytest.raises(ConfigError, match="3 samples must be at least the number of classes \\(4\\).* in x.yaml: strategy.samples$"):
+        check(HeadRealignConfig(samples=3), None, data(40), "x.yaml: strategy")
     with pytest.raises(ConfigError, match="audit set has 39 per class to spare"):
-        make("fedavg_head_realign", HeadRealignConfig(samples=200), context(data))
+        check(HeadRealignConfig(samples=200), None, data(40), "x.yaml: strategy")
+    check(HeadRealignConfig(samples=156), None, data(40), "x.yaml: strategy")  # 39 per class fit
 
 
 class FakeGrid:

@@ -78,6 +78,8 @@ from diagnostics.circuits.metrics import (
     to_bools,
     unpack_masks,
 )
+from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import (
     DIAGNOSTICS,
@@ -159,18 +161,20 @@ def _balanced_subset(y: torch.Tensor, total: int, num_classes: int, seed: int) -
     return torch.cat(picks)
 
 
-@DIAGNOSTICS.register("circuits", CircuitsConfig)
+def check_circuits(params: CircuitsConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+    """``audit: true`` needs an audit set to find the global model's circuits on."""
+    if params.audit and data.audit_per_class == 0:
+        raise ConfigError("circuits.audit is true but the run has no audit set (data.audit_per_class is 0); "
+                          "set data.audit_per_class > 0", f"{where}.audit")
+
+
+@DIAGNOSTICS.register("circuits", CircuitsConfig, check=check_circuits)
 class Circuits(Diagnostic):
     """Class circuits per client and of the global model; IoU tracking; ablations."""
 
     def __init__(self, params: CircuitsConfig) -> None:
         super().__init__(params)
         self._previous: dict[int, dict[int, dict[str, np.ndarray]]] = {}
-
-    def check(self, num_classes: int, audit_per_class: int, where: str) -> None:
-        if self.params.audit and audit_per_class == 0:
-            raise ConfigError("circuits.audit is true but the run has no audit set; set data.audit_per_class > 0",
-                              f"{where}.audit")
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Each client's latest class circuits, as ``<partition>/<class>/<layer>``: the

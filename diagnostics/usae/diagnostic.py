@@ -24,6 +24,8 @@ import numpy as np
 from diagnostics.usae.analysis import CpuUSAEConfig, analyse, overlap_summary
 from diagnostics.usae.model import usae_arrays
 from diagnostics.usae.sources import load_source_model, parse_source
+from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 from fedmech_flwr.plotting import line_plot
@@ -48,15 +50,21 @@ class UsaeDiagnosticConfig:
     """Firing frequency above which a concept counts as active (reported besides > 0)."""
 
 
-@DIAGNOSTICS.register("usae", UsaeDiagnosticConfig)
+def check_usae(params: UsaeDiagnosticConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+    """``compare: reference`` needs the reference to compare with."""
+    if params.compare == "reference" and not params.reference:
+        raise ConfigError(
+            f"compare: reference needs reference: RUN_DIR or CONFIG.yaml:WEIGHTS, got {params.reference!r}",
+            f"{where}.reference",
+        )
+
+
+@DIAGNOSTICS.register("usae", UsaeDiagnosticConfig, check=check_usae)
 class Usae(Diagnostic):
     """Shared and unique concepts of the global and the clients' (or a reference) models."""
 
     def __init__(self, params: UsaeDiagnosticConfig) -> None:
         super().__init__(params)
-        if params.compare == "reference" and not params.reference:
-            raise ConfigError("compare: reference needs reference: RUN_DIR or CONFIG.yaml:WEIGHTS",
-                              "diagnostics.usae.reference")
         self._reference = None
 
     def _models(self, state: RoundState):
