@@ -2,6 +2,7 @@
 
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
     fedmech run --resume RUN_DIR   (continue a killed run from its last completed round)
+    fedmech run --resume RUN_DIR --from-checkpoint N   (... from its numbered checkpoint of round N)
     fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech list [KIND]   (registered datasets, partitions, models, clients, strategies, diagnostics)
@@ -41,10 +42,11 @@ from fedmech_flwr.config import (
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
-from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, FolderLock, read_status
+from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, STATE_FILE, FolderLock, RunFolder, read_status
 from fedmech_flwr.typed import describe_fields
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 def _validate(args: argparse.Namespace):
@@ -153,6 +155,27 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     return cfg, run_dir
 
 
+def _prepare_resume(run_dir: Path, checkpoint: int | None) -> None:
+    """Before Flower starts: make numbered checkpoint ``checkpoint`` the resume point, or
+    check that the resume point can be read. A damaged one is a ``BadFileError`` that says
+    how to go on: from the latest intact checkpoint, else from round 0."""
+    folder = RunFolder(run_dir)
+    if checkpoint is not None:
+        folder.restore_checkpoint(checkpoint)
+        return
+    try:
+        folder.load_state()
+    except BadFileError as err:
+        state = run_dir / STATE_FILE
+        cause = " ".join(str(err.__cause__ or err).split())
+        if (last := folder.intact_checkpoint()) is not None:
+            then = (f"resume from the checkpoint of round {last} (later rounds run again) with `fedmech run "
+                    f"--resume {run_dir} --from-checkpoint {last}`, or delete {state} to restart from round 0")
+        else:
+            then = f"no intact checkpoint to resume from: delete {state} to restart this run from round 0"
+        raise BadFileError(f"{state} is not a readable resume point ({cause}); {then}") from err
+
+
 def _run_lock(run_dir: Path) -> FolderLock:
     """``run.lock``, held by this process while Flower runs the run: a second ``fedmech run
     --resume`` of the folder is refused at once, naming this process."""
@@ -175,13 +198,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         cfg, run_dir = _resumed(args)
         run_config = {"resume": str(run_dir)}
+    elif args.from_checkpoint is not None:
+        raise ConfigError("--from-checkpoint only applies with --resume RUN_DIR", "fedmech run")
     elif not args.experiment:
         raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
     else:
         cfg, run_dir, run_config = _prepare_run(args)
-    with _run_lock(run_dir):
-        result = launch(run_config, cfg.federation.num_clients, cfg.simulation)
+    try:
+        with _run_lock(run_dir):
+            if args.resume:
+                _prepare_resume(run_dir, args.from_checkpoint)
+            result = launch(run_config, cfg.federation.num_clients, cfg.simulation)
+    except KeyboardInterrupt:
+        print(f"\n{_stopped(run_dir)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return _report(result, run_dir)
+
+
+def _stopped(run_dir: Path) -> str:
+    """One line for a run stopped by Ctrl-C: where it is, and how to continue it."""
+    status = read_status(run_dir)["status"]
+    if status == "missing":
+        return f"stopped before the run folder {run_dir} was made: nothing to resume; start the run again"
+    if status == "completed":
+        return f"stopped after the run completed: run folder {run_dir}"
+    return f"stopped: every process the run started is stopped; continue it with `fedmech run --resume {run_dir}`"
 
 
 def cmd_deploy_local(args: argparse.Namespace) -> int:
@@ -242,7 +283,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nstopped: every run the sweep started is stopped; run the same command again to continue "
               f"({folder})", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     failed = [o for o in outcomes if o.status != "completed"]
     print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder {folder}\n"
           f"report: fedmech report {folder} --out {folder / 'report'}")
@@ -267,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.choices[name].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
     sub.choices["run"].add_argument("--resume", metavar="RUN_DIR",
                                     help="continue a killed or failed run in its folder, from its last completed round")
+    sub.choices["run"].add_argument("--from-checkpoint", type=int, metavar="N",
+                                    help="with --resume: continue from the numbered checkpoint of round N instead "
+                                         "(checkpoints/round_NNN.safetensors); later rounds run again")
     deploy = sub.choices["deploy-local"]
     deploy.add_argument("--tls", action="store_true", help="TLS between SuperLink, SuperNodes and flwr")
     deploy.add_argument("--auth", action="store_true",
@@ -320,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # `run` and `sweep` say how to continue them; other commands just stop
+        print(f"\nstopped: fedmech {args.command} was interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from flwr.serverapp.strategy import Strategy
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
-from fedmech_flwr.run_folder import RunFolder
+from fedmech_flwr.run_folder import RunFolder, one_line
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,10 @@ class Resumable(Protocol):
 
 
 def failure_reason(error: Error) -> str:
-    """``raised: ...`` for a ClientApp exception; Flower's code and reason otherwise."""
-    return f"raised: {error.reason}" if error.code in RAISED_CODES else f"error {error.code}: {error.reason}"
+    """One line: ``raised: Type: message`` for a ClientApp exception, Flower's code and
+    reason otherwise (of a traceback, its exception line: ``one_line``)."""
+    reason = one_line(error.reason)
+    return f"raised: {reason}" if error.code in RAISED_CODES else f"error {error.code}: {reason}"
 
 
 def query_nodes(
@@ -317,32 +319,33 @@ class RoundProtocol(Strategy):
         self._run_diagnostics(server_round, arrays, updates)
         return arrays, metrics
 
-    def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str]]]:
-        """Usable replies (partition-id order) and failed clients with their reason: an
-        error reply, no reply before the timeout, or NaN/Inf in the returned weights."""
+    def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str, str]]]:
+        """Usable replies (partition-id order) and failed clients with a one-line reason
+        and the error's whole text (empty but for error replies): an error reply, no reply
+        before the timeout, or NaN/Inf in the returned weights."""
         pid_of = {id(r): self.node_to_partition[r.metadata.src_node_id] for r in replies}
         timeout = self.cfg.federation.round_timeout_s
-        failures = [(pid, f"timeout: no reply within {timeout:g}s")
+        failures = [(pid, f"timeout: no reply within {timeout:g}s", "")
                     for pid in self.current.sampled if pid not in pid_of.values()]
         usable = []
         for reply in sorted(replies, key=lambda r: pid_of[id(r)]):
             if reply.has_error():
-                failures.append((pid_of[id(reply)], failure_reason(reply.error)))
+                failures.append((pid_of[id(reply)], failure_reason(reply.error), reply.error.reason))
                 continue
             update = client_update(reply)
             if bad := non_finite(update.arrays):
-                failures.append((update.partition_id, f"non-finite weights in {', '.join(bad)}"))
+                failures.append((update.partition_id, f"non-finite weights in {', '.join(bad)}", ""))
                 continue
             usable.append((reply, update))
         return usable, sorted(failures)
 
-    def _apply_failure_policy(self, server_round: int, failures: list[tuple[int, str]], num_usable: int) -> None:
+    def _apply_failure_policy(self, server_round: int, failures: list[tuple[int, str, str]], num_usable: int) -> None:
         fed = self.cfg.federation
-        for pid, reason in failures:
-            self.recorder.failure(server_round, pid, reason, fed.on_client_failure)
+        for pid, reason, details in failures:
+            self.recorder.failure(server_round, pid, reason, fed.on_client_failure, details)
             log.warning("round %d: client %d failed: %s", server_round, pid, reason)
         if failures and fed.on_client_failure == "fail":
-            pid, reason = failures[0]
+            pid, reason, _ = failures[0]
             raise ClientFailure(
                 f"round {server_round}: client {pid} failed ({reason}); "
                 "federation.on_client_failure is 'fail' (set it to 'continue' to drop failed clients)"
@@ -373,7 +376,7 @@ class RoundProtocol(Strategy):
             pid = self.node_to_partition[reply.metadata.src_node_id]
             if reply.has_error():
                 reason = f"diagnostic pass: {failure_reason(reply.error)}"
-                self.recorder.failure(server_round, pid, reason, "continue")
+                self.recorder.failure(server_round, pid, reason, "continue", reply.error.reason)
                 log.warning("round %d: client %d %s", server_round, pid, reason)
                 continue
             updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])

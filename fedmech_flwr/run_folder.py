@@ -8,23 +8,27 @@
     <run>/metrics.jsonl            append-only records, one JSON object per line
     <run>/state.safetensors        resume point: the last completed round (every round)
     <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
+    <run>/checkpoints/state/round_NNN.safetensors   the rest of round N's resume point (strategy
+                                   and diagnostic state): ``fedmech run --resume RUN --from-checkpoint N``
     <run>/model_final.safetensors  the final global model
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
     <run>/status.json              running | completed | failed (+ error, writer's pid)
     <run>/run.lock                 the ``fedmech run`` process running it (pid, host, since), while it runs
     <run>/logs/*.log               SuperLink and SuperNode logs (``fedmech deploy-local`` only)
+    <run>/logs/client_failures.log the full error text (a traceback) of each failed client, appended
 
 Every ``metrics.jsonl`` record has ``kind`` and ``round``; kinds are ``eval`` (global
 model on the test set), ``client`` (one client's training in one round), ``failure``
-(a client that failed and the policy applied) and ``diagnostic`` (one diagnostic's
+(a client that failed, a one-line reason, the policy applied and, for an error reply,
+``details``: the log holding its whole text) and ``diagnostic`` (one diagnostic's
 metrics in one round, under ``name``).
 
 Surviving a kill: records are appended as whole lines and fsynced (a reader skips a torn
-last line with a warning); every other file is replaced atomically. ``state.safetensors``
-is the commit point of a round: written last, after the round's eval record, so a killed
-run resumes (``RunFolder.resume``) from the last round it holds, and ``rewind`` drops
-what later rounds had written.
+last line with a warning); every other file but the logs is replaced atomically.
+``state.safetensors`` is the commit point of a round: written last, after the round's
+eval record, so a killed run resumes (``RunFolder.resume``) from the last round it
+holds, and ``rewind`` drops what later rounds had written.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import json
 import logging
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -61,9 +66,11 @@ LOCK_FILE = "run.lock"
 FINAL_MODEL_FILE = "model_final.safetensors"
 STATE_FILE = "state.safetensors"
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_STATE_DIR = f"{CHECKPOINT_DIR}/state"
 DIAGNOSTICS_DIR = "diagnostics"
 PLOTS_DIR = "plots"
 LOGS_DIR = "logs"
+CLIENT_FAILURES_LOG = "client_failures.log"
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -112,6 +119,42 @@ def _is_record(value: Any) -> bool:
     """Whether a parsed metrics.jsonl line has what every record has (``_record_line``)."""
     return (isinstance(value, dict) and isinstance(value.get("kind"), str)
             and isinstance(value.get("round"), int) and not isinstance(value["round"], bool))
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+"""A terminal colour (or other CSI) code, as Ray puts in the tracebacks it forwards."""
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\([\w.]+\))?: \S")
+"""A traceback's ``module.Type: message`` line (unindented, a dotted name, then ``: ``)."""
+FLOWER_REASON = re.compile(r"^<class '([^']+)'>:<'(.*)'>$", re.DOTALL)
+"""How Flower's simulation wraps a ClientApp exception: ``<class 'T'>:<'str(exception)'>``."""
+WRAPPER_EXCEPTIONS = ("ClientAppException", "RayTaskError")
+"""Exceptions that only wrap a client's own error; their lines are passed over."""
+REASON_MAX_CHARS = 200
+
+
+def strip_colours(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)
+
+
+def one_line(text: str) -> str:
+    """A client's error text as one line for a record: without colour codes, and of a
+    traceback (Ray forwards a whole one, chained causes included) only the first
+    exception line that is not one of Flower's or Ray's wrappers, i.e. the client's own
+    ``Type: message``; at most ``REASON_MAX_CHARS`` long."""
+    text = strip_colours(text).strip()
+    kind = ""
+    if wrapped := FLOWER_REASON.match(text):
+        kind, text = wrapped.group(1).rsplit(".", 1)[-1], wrapped.group(2).strip()
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)
+              and not any(w in line.split(":", 1)[0] for w in WRAPPER_EXCEPTIONS)]
+    if raised:
+        line = raised[0]
+    elif kind and lines and not any(w in kind for w in WRAPPER_EXCEPTIONS):
+        line = f"{kind}: {lines[-1]}"
+    else:
+        line = lines[-1] if lines else "(no reason given)"
+    return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
 
 
 def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -306,9 +349,21 @@ class RunFolder:
         self.append({"kind": "client", "round": server_round, "partition_id": update.partition_id,
                      "num_examples": update.num_examples, **metrics})
 
-    def failure(self, server_round: int, partition_id: int, reason: str, policy: str) -> None:
-        self.append({"kind": "failure", "round": server_round, "partition_id": partition_id,
-                     "reason": reason, "policy": policy})
+    def failure(self, server_round: int, partition_id: int, reason: str, policy: str, details: str = "") -> None:
+        """Record a failed client with a one-line ``reason``; ``details`` (the client's
+        whole error text, a Ray traceback say) goes to ``logs/client_failures.log``, which
+        the record names."""
+        record = {"kind": "failure", "round": server_round, "partition_id": partition_id,
+                  "reason": reason, "policy": policy}
+        if details:
+            log_file = self.path / LOGS_DIR / CLIENT_FAILURES_LOG
+            log_file.parent.mkdir(exist_ok=True)
+            stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            with open(log_file, "a") as fh:
+                fh.write(f"--- round {server_round}, client {partition_id}, {stamp}: {reason}\n"
+                         f"{strip_colours(details).rstrip()}\n")
+            record["details"] = f"{LOGS_DIR}/{CLIENT_FAILURES_LOG}"
+        self.append(record)
 
     def diagnostic(self, server_round: int, name: str, result: DiagnosticResult, seconds: float) -> None:
         if result.arrays:
@@ -318,8 +373,48 @@ class RunFolder:
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})
 
-    def checkpoint(self, server_round: int, arrays: NamedArrays) -> None:
+    def checkpoint(self, server_round: int, arrays: NamedArrays, protocol_state: NamedArrays) -> None:
+        """The global model after ``server_round``, and beside it the rest of that round's
+        resume point, so a run can resume from here too (``restore_checkpoint``)."""
         save_arrays(self.path / CHECKPOINT_DIR / round_file(server_round), arrays, {"round": str(server_round)})
+        save_arrays(self.path / CHECKPOINT_STATE_DIR / round_file(server_round),
+                    {**protocol_state, STATE_ROUND: np.asarray(server_round)})
+
+    def checkpoint_rounds(self) -> list[int]:
+        """The rounds whose numbered checkpoint has its saved state beside it."""
+        states = self.path / CHECKPOINT_STATE_DIR
+        models = self.path / CHECKPOINT_DIR
+        return sorted(round_of(p) for p in states.glob(ROUND_FILE_GLOB) if (models / p.name).is_file())
+
+    def checkpoint_point(self, server_round: int) -> ResumePoint:
+        """The resume point that numbered checkpoint ``server_round`` and its state make
+        (a damaged file is a ``BadFileError`` naming it)."""
+        model = load_arrays(self.path / CHECKPOINT_DIR / round_file(server_round))
+        state = load_arrays(self.path / CHECKPOINT_STATE_DIR / round_file(server_round), expected=[STATE_ROUND])
+        return ResumePoint(server_round, model, {k: v for k, v in state.items() if k != STATE_ROUND})
+
+    def intact_checkpoint(self) -> int | None:
+        """The latest round whose numbered checkpoint and state can be read, or None."""
+        for server_round in reversed(self.checkpoint_rounds()):
+            try:
+                self.checkpoint_point(server_round)
+            except BadFileError:
+                continue
+            return server_round
+        return None
+
+    def restore_checkpoint(self, server_round: int) -> None:
+        """Make numbered checkpoint ``server_round`` the resume point, replacing
+        ``state.safetensors`` (damaged, or of a later round): a resume then rewinds the
+        folder to that round and runs the later rounds again."""
+        rounds = self.checkpoint_rounds()
+        if server_round not in rounds:
+            have = f"rounds {', '.join(map(str, rounds))}" if rounds else "none"
+            raise RunFolderError(
+                f"{self.path / CHECKPOINT_DIR} holds no checkpoint of round {server_round} with its state "
+                f"(checkpoints/state/{round_file(server_round)}); it has {have}: pick one of those"
+            )
+        self.save_state(self.checkpoint_point(server_round))
 
     def final_model(self, arrays: NamedArrays) -> None:
         save_arrays(self.path / FINAL_MODEL_FILE, arrays)

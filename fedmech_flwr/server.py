@@ -189,9 +189,10 @@ def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnosti
             "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
         })
         _check_finite(server_round, res.loss, named, committed.last_round, folder)
+        state = protocol.state()
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
-            folder.checkpoint(server_round, named)
-        committed = ResumePoint(server_round, named, protocol.state())
+            folder.checkpoint(server_round, named, state)
+        committed = ResumePoint(server_round, named, state)
         folder.save_state(committed)
         seconds = time.perf_counter() - summary.started_at if server_round else 0.0
         log.info(

@@ -191,7 +191,8 @@ def test_failure_with_continue_policy_completes(tmp_path):
     assert len(failures) == 1
     f = failures[0]
     assert (f["round"], f["partition_id"], f["policy"]) == (2, 1, "continue")
-    assert "injected crash" in f["reason"]
+    assert (f["reason"], f["details"]) == ("raised: RuntimeError: injected crash", "logs/client_failures.log")
+    assert (run / f["details"]).read_text().startswith("--- round 2, client 1, ")
     evals = read_records(run, "eval")
     assert evals[2]["clients_sampled"] == [0, 1, 2] and evals[2]["clients_succeeded"] == [0, 2]
     assert sorted(r["partition_id"] for r in read_records(run, "client") if r["round"] == 2) == [0, 2]

@@ -29,7 +29,7 @@ class Recorder:
     def client(self, server_round, update):
         self.clients.append((server_round, update.partition_id, update.num_examples))
 
-    def failure(self, server_round, partition_id, reason, policy):
+    def failure(self, server_round, partition_id, reason, policy, details=""):
         self.failures.append({"round": server_round, "partition_id": partition_id, "reason": reason, "policy": policy})
 
     def diagnostic(self, server_round, name, result, seconds):

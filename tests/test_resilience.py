@@ -20,19 +20,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Error
+from flwr.common.constant import ErrorCode
 
 from conftest import SMOKE, as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
 from fedmech_flwr import cli
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, main
+from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
 from fedmech_flwr.inprocess import resume_in_process, run_in_process
-from fedmech_flwr.protocol import ClientFailure
+from fedmech_flwr.protocol import ClientFailure, failure_reason
 from fedmech_flwr.launch import LaunchResult
-from fedmech_flwr.run_folder import LOCK_FILE, STATE_FILE, RunFolder, read_records, read_status
+from fedmech_flwr.run_folder import (
+    LOCK_FILE,
+    REASON_MAX_CHARS,
+    STATE_FILE,
+    RunFolder,
+    one_line,
+    read_records,
+    read_status,
+)
 from fedmech_flwr.server import Diverged
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from strategies.fedavg import WeightedFedAvg
@@ -82,6 +91,55 @@ def test_hanging_client_is_dropped_after_the_round_timeout(tmp_path):
     assert (failure["round"], failure["partition_id"], failure["reason"]) == (2, 2, "timeout: no reply within 3s")
     assert read_records(run, "eval")[2]["clients_succeeded"] == [0, 1]
     assert [r["partition_id"] for r in read_records(run, "client") if r["round"] == 2] == [0, 1]
+
+
+RAY_REASON = (
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+    "(pid=81433, ip=10.0.0.5, actor_id=6d4f0c1e2b8a7f5e3c9d01a4000000, repr=<flwr.simulation.ray_transport."
+    "ray_actor.ClientAppActor object at 0x7f3a5c2e1d90>)\n"
+    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", '
+    "line 60, in run\n    out_message = app(message=message, context=context)\n"
+    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/clientapp/client_app.py", line 174, in __call__\n'
+    "    return self._call(message, context)\n"
+    '  File "/work/main/fedmech_flwr/client_app.py", line 131, in train\n'
+    "    new_params, num_examples, client_metrics = client.fit(params, {**fit_config})\n"
+    '  File "/work/main/clients/plain.py", line 40, in fit\n    raise RuntimeError("CUDA out of memory")\n'
+    "RuntimeError: CUDA out of memory\n\nThe above exception was the direct cause of the following exception:\n\n"
+    "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=81433, ip=10.0.0.5, actor_id=6d4f0c1e2b8a7f5e3c9d01a4000000)\n"
+    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", '
+    "line 65, in run\n    raise ClientAppException(str(ex)) from ex\n"
+    "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException occurred. "
+    "Message: CUDA out of memory'>"
+)
+"""What Flower's Ray simulation puts in the error reply of a ClientApp that raised (the
+shape of a real one: ``str(type(e)) + ":<'" + str(e) + "'>"`` of Ray's wrapper)."""
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (RAY_REASON, "RuntimeError: CUDA out of memory"),
+    ("<class 'ZeroDivisionError'>:<'division by zero'>", "ZeroDivisionError: division by zero"),
+    ("RuntimeError: injected crash", "RuntimeError: injected crash"),
+    ("\x1b[31mnode gone\x1b[0m\n", "node gone"),
+    ("ValueError: " + "x" * 300, "ValueError: " + "x" * 185 + "..."),
+], ids=["ray traceback", "flower wrapper", "one line", "colours", "too long"])
+def test_a_client_error_becomes_one_line(text, line):
+    assert one_line(text) == line
+    assert len(one_line(text)) <= REASON_MAX_CHARS
+
+
+def test_a_failed_client_is_recorded_in_one_line_with_its_traceback_in_logs(tmp_path):
+    folder = RunFolder(tmp_path)
+    for server_round in (1, 2):
+        error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=RAY_REASON)
+        folder.failure(server_round, 1, failure_reason(error), "continue", error.reason)
+    records = read_records(tmp_path, "failure")
+    assert records[1] == {"kind": "failure", "round": 2, "partition_id": 1, "policy": "continue",
+                          "reason": "raised: RuntimeError: CUDA out of memory",
+                          "details": "logs/client_failures.log"}
+    log_text = (tmp_path / "logs" / "client_failures.log").read_text()
+    assert "\x1b" not in log_text
+    assert log_text.count("raise ClientAppException(str(ex)) from ex") == 2  # appended, whole
+    assert re.match(r"--- round 1, client 1, \S+: raised: RuntimeError: CUDA out of memory\n<class 'ray", log_text)
 
 
 # --- divergence -------------------------------------------------------------------------
@@ -320,6 +378,37 @@ def test_a_new_run_holds_its_folder_and_leaves_no_empty_one(tmp_path, monkeypatc
     assert not any((r / LOCK_FILE).exists() for r in runs)
 
 
+# --- Ctrl-C ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("server_made_the_folder", [True, False])
+def test_ctrl_c_stops_a_new_run_with_one_line_and_no_traceback(tmp_path, capsys, monkeypatch, server_made_the_folder):
+    def interrupted(run_config, *_, **__):
+        if server_made_the_folder:
+            RunFolder.create(run_config["out"], "smoke", run_config["run-dir"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "launch", interrupted)
+    assert main(["run", str(SMOKE), "--out", str(tmp_path)]) == EXIT_INTERRUPTED == 130
+    runs = run_folders(tmp_path)
+    [line] = capsys.readouterr().err.lstrip("\n").splitlines()
+    if server_made_the_folder:
+        [run] = runs
+        assert line == ("stopped: every process the run started is stopped; "
+                        f"continue it with `fedmech run --resume {run}`")
+    else:
+        assert not runs and line.startswith(f"stopped before the run folder {tmp_path}/smoke-")
+        assert line.endswith(" was made: nothing to resume; start the run again")
+
+
+def test_ctrl_c_stops_a_resumed_run_with_how_to_resume_it_again(smoke_run, tmp_path, capsys, monkeypatch):
+    run = killed_copy(smoke_run, tmp_path).resolve()
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["run", "--resume", str(run)]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == (
+        f"\nstopped: every process the run started is stopped; continue it with `fedmech run --resume {run}`\n")
+    assert not (run / LOCK_FILE).exists()
+
+
 # --- damaged files ----------------------------------------------------------------------
 
 def killed_copy(smoke_run: Path, tmp_path: Path) -> Path:
@@ -336,6 +425,66 @@ def test_truncated_resume_point_gives_a_clear_error(smoke_run, tmp_path):
         resume_in_process(run)
     assert "truncated or foreign" in str(info.value)
     assert len(read_records(run, "eval")) == 3  # nothing was rewound
+
+
+@pytest.mark.parametrize("damaged_checkpoints", [[], [2], [1, 2]], ids=["checkpoints intact", "last one damaged",
+                                                                        "all damaged"])
+def test_cli_resume_with_a_truncated_resume_point_exits_2_naming_a_way_on(smoke_run, tmp_path, capsys, monkeypatch,
+                                                                           damaged_checkpoints):
+    run = killed_copy(smoke_run, tmp_path).resolve()
+    truncate(run / STATE_FILE)
+    for server_round in damaged_checkpoints:
+        truncate(run / "checkpoints" / f"round_{server_round:03d}.safetensors")
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: pytest.fail("Flower was started"))
+    assert main(["run", "--resume", str(run)]) == EXIT_BAD_INPUT
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {run / STATE_FILE} is not a readable resume point (")
+    if damaged_checkpoints == [1, 2]:
+        assert line.endswith(f"; no intact checkpoint to resume from: delete {run / STATE_FILE} "
+                             "to restart this run from round 0")
+    else:
+        last = 1 if damaged_checkpoints else 2
+        assert line.endswith(f"; resume from the checkpoint of round {last} (later rounds run again) with "
+                             f"`fedmech run --resume {run} --from-checkpoint {last}`, or delete {run / STATE_FILE} "
+                             "to restart from round 0")
+    assert len(read_records(run, "eval")) == 3  # nothing was rewound
+    assert not (run / LOCK_FILE).exists()
+
+
+def test_resume_from_a_checkpoint_ends_as_an_uninterrupted_run(tmp_path, capsys, monkeypatch):
+    """A stateful strategy (server momentum) too: its state after the checkpoint's round
+    is saved beside the checkpoint. The run had finished round 3 (checkpoints 2 and 3) when
+    its resume point was damaged; it resumes from round 2."""
+    momentum = LONG + ["strategy={name: test_server_momentum, beta: 0.5}"]
+    reference = run_in_process(smoke_config(momentum), tmp_path / "reference")
+    run = Path(shutil.copytree(reference, tmp_path / "run")).resolve()
+    (run / "model_final.safetensors").unlink()
+    as_killed(run)
+    truncate(run / STATE_FILE)
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: pytest.fail("Flower was started"))
+    assert main(["run", "--resume", str(run), "--from-checkpoint", "1"]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        f"error: {run / 'checkpoints'} holds no checkpoint of round 1 with its state "
+        "(checkpoints/state/round_001.safetensors); it has rounds 2, 3: pick one of those\n")
+
+    def launch(run_config, *_, **__):
+        assert load_arrays(run / STATE_FILE)["round"] == 2
+        resume_in_process(run_config["resume"])
+        return LaunchResult(1, "finished:completed")
+
+    monkeypatch.setattr(cli, "launch", launch)
+    assert main(["run", "--resume", str(run), "--from-checkpoint", "2"]) == EXIT_OK
+    assert_same_run(reference, run)
+
+
+def test_from_checkpoint_needs_resume(capsys):
+    assert main(["run", str(SMOKE), "--from-checkpoint", "2"]) == EXIT_BAD_INPUT
+    assert "--from-checkpoint only applies with --resume RUN_DIR" in capsys.readouterr().err
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
 
 
 @pytest.mark.parametrize(
