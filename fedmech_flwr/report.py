@@ -472,8 +472,12 @@ def compare(paper: list[PaperValue], groups: list[Group]) -> list[Comparison]:
 # --- plots ------------------------------------------------------------------------------
 
 
-def _chunks(groups: list[Group]) -> list[list[Group]]:
-    return [groups[i : i + PER_FIGURE] for i in range(0, len(groups), PER_FIGURE)]
+def _chunks(items: list) -> list[list]:
+    """``items`` in as few figures as hold ``PER_FIGURE`` each, evenly filled (12 -> 6 + 6,
+    not 10 + 2), so that in a grid the figures follow its axes where they can."""
+    parts = max(1, math.ceil(len(items) / PER_FIGURE))
+    size = math.ceil(len(items) / parts) if items else 1
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _series(metric: Metric, runs: list[Run]) -> tuple[list[tuple[int, float, float, float]], int]:
@@ -511,7 +515,7 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
             if points:
                 band = "95% CI" if n >= 2 else "min–max"
                 lines[_wrap(f"{group.label} (n={n}, {band})", 48)] = points
-        chunks = [list(lines.items())[i : i + PER_FIGURE] for i in range(0, len(lines), PER_FIGURE)]
+        chunks = _chunks(list(lines.items()))
         for part, chunk in enumerate(chunks, 1):
             title = f"{metric.label} ({metric.unit}) over rounds, mean over seeds"
             title += f" ({part} of {len(chunks)})" if len(chunks) > 1 else ""
@@ -540,7 +544,7 @@ def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
         columns[tuple(names)].append((group.label, mean))
     out = []
     for index, (names, cols) in enumerate(columns.items(), 1):
-        chunks = [cols[i : i + PER_FIGURE] for i in range(0, len(cols), PER_FIGURE)]
+        chunks = _chunks(cols)
         for part, chunk in enumerate(chunks, 1):
             stem = "per_class_recall" if len(columns) == 1 else f"per_class_recall_{index}"
             title = "Last-round per-class recall of the global model, mean over seeds"
