@@ -22,6 +22,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig, load_experiment
 from fedmech_flwr.protocol import REPORT_KEY
+from fedmech_flwr.reaper import MARKER
 from fedmech_flwr.run_folder import read_records, read_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,3 +233,15 @@ def trained_cnn():
         optimizer.step()
     optimizer.zero_grad()
     return model.eval(), data
+
+
+def marked_processes() -> set[int]:
+    """Processes of any fedmech launch on this host (they carry the reaper's marker)."""
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if any(v.startswith(f"{MARKER}=".encode()) for v in environ.read_bytes().split(b"\0")):
+                found.add(int(environ.parent.name))
+        except OSError:
+            continue
+    return found

@@ -1,14 +1,14 @@
 """End to end through real ``flwr run`` (SuperLink, Ray): the path users take.
 
-Each run costs about 30-40 s on 2 cores (Ray start-up), so there are four: one that must
+Each run costs about 30-40 s on 2 cores (Ray start-up), so there are three: one that must
 complete, one that must be reported as failed although ``flwr run`` itself exits 0, and
-one killed with SIGKILL in round 2 then resumed, which must end as the completed one did.
+one killed with SIGKILL in round 2 then resumed, which must end as the completed one did;
+and bad input, refused before Flower starts.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_run, lost_bytes
+from conftest import assert_same_run, lost_bytes, marked_processes
 from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.launch import _descendants
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
@@ -61,27 +60,29 @@ def test_flwr_run_completes_and_writes_the_run_folder(completed):
 
 
 def test_a_failed_run_is_reported_as_failed(tmp_path):
-    done = fedmech_run(tmp_path, "data.dataset={name: fashion_mnist, root: /nonexistent/fmnist}")
+    # the clients' weights overflow in round 1: a failure only the run itself can find
+    done = fedmech_run(tmp_path, "train.lr=1e30")
     assert done.returncode == 1, done.stdout[-4000:]
     assert "finished:failed" in done.stdout
-    assert "/nonexistent/fmnist" in done.stdout  # the server's error reached the user
-    assert not list(tmp_path.iterdir()), "a run that failed on bad input must leave no run folder"
+    assert "non-finite weights" in done.stdout  # the server's error reached the user
+    (run_dir,) = list(tmp_path.iterdir())
+    assert read_status(run_dir)["status"] == "failed"
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and everything it started (SuperLink, simulation, Ray), as a
-    power cut would: nothing gets to clean up."""
-    for _ in range(3):
-        for target in [pid, *_descendants(pid)]:
-            try:
-                os.kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.5)
+def test_bad_input_is_refused_before_flower_starts(tmp_path):
+    done = fedmech_run(tmp_path, "data.dataset={name: fashion_mnist, root: /nonexistent/fmnist}")
+    assert done.returncode == 2, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stderr.startswith("error: dataset 'fashion_mnist'") and "data.dataset" in done.stderr.splitlines()[0]
+    assert "/nonexistent/fmnist" in done.stderr  # where it looked
+    assert "finished:" not in done.stdout  # flwr run never started
+    assert not list(tmp_path.iterdir()), "a run refused on bad input must leave no run folder"
 
 
 def test_sigkill_in_round_2_then_resume_ends_as_the_uninterrupted_run(completed, tmp_path):
+    """SIGKILL of the CLI alone: within 10 s nothing of its run is alive (the launch's
+    reaper), and ``--resume`` ends bitwise as the uninterrupted run."""
     reference, _ = completed
+    before = marked_processes()
     proc = subprocess.Popen(fedmech_command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -91,8 +92,14 @@ def test_sigkill_in_round_2_then_resume_ends_as_the_uninterrupted_run(completed,
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before round 2 could be killed"
-    kill_tree(proc.pid)
+    started = marked_processes() - before
+    assert started, "the run's helpers carry no marker"
+    proc.send_signal(signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in started):
+        time.sleep(0.2)
+    assert not [pid for pid in started if process_alive(pid)], "processes of the killed run are still alive"
     (run_dir,) = list(tmp_path.iterdir())
     assert read_status(run_dir)["status"] == "running"  # as a kill leaves it
     assert not (run_dir / "model_final.safetensors").exists()

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_same_run
-from fedmech_flwr.reaper import MARKER
+from conftest import REPO, assert_same_run, marked_processes
 from fedmech_flwr.report import write_report
 from fedmech_flwr.run_folder import STATE_FILE, process_alive
 
@@ -29,18 +28,6 @@ CELLS = ["iid_fedavg_s0", "iid_fedavg_s1", "dir0.5_fedavg_s0", "dir0.5_fedavg_s1
 def sweep_command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "fedmech_flwr.cli", "sweep", "experiments/smoke_sweep.yaml", "--out", str(out),
             "--only", "strategy+client=fedavg", *extra]
-
-
-def marked_processes() -> set[int]:
-    """Processes of any fedmech launch on this host (they carry the reaper's marker)."""
-    found = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if any(v.startswith(f"{MARKER}=".encode()) for v in environ.read_bytes().split(b"\0")):
-                found.add(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def start_and_stop_at(out: Path, cell: str, sig: signal.Signals) -> subprocess.Popen:
