@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 MARKER = "FEDMECH_LAUNCH"
-POLL_S = 0.5
+POLL_S = 0.1
 KILL_TIMEOUT_S = 10.0
 
 

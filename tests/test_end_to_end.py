@@ -102,7 +102,10 @@ def test_metrics_records(smoke_run, smoke_cfg):
 
 def test_checkpoints_and_final_model_reproduce_final_eval(smoke_run, smoke_cfg):
     ckpts = sorted(p.name for p in (smoke_run / "checkpoints").iterdir())
-    assert ckpts == ["round_001.safetensors", "round_002.safetensors"]
+    assert ckpts == ["round_001.safetensors", "round_002.safetensors", "state"]
+    # each numbered checkpoint keeps its round's state too (fedmech run --from-checkpoint)
+    states = sorted(p.name for p in (smoke_run / "checkpoints" / "state").iterdir())
+    assert states == ["round_001.safetensors", "round_002.safetensors"]
     final = final_weights(smoke_run)
     last = load_arrays(smoke_run / "checkpoints" / "round_002.safetensors")
     assert all(np.array_equal(final[k], last[k]) for k in final)
