@@ -115,12 +115,7 @@ def _val_per_class(params: MisalignmentConfig, audit_per_class: int) -> int:
 
 def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
     """Probes and heads train on the audit set, and part of it selects their epochs."""
-    if data.audit_per_class == 0:
-        raise ConfigError(
-            "misalignment trains probes and heads on the server's audit set, but the experiment "
-            "has none (data.audit_per_class is 0); set data.audit_per_class (e.g. 100)",
-            where,
-        )
+    data.require_audit("misalignment trains probes and heads on", where, suggested=100)
     val = _val_per_class(params, data.audit_per_class)
     if val < 1:
         raise ConfigError(

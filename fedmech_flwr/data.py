@@ -116,6 +116,13 @@ class DataInfo:
     def audit_size(self) -> int:
         return self.audit_per_class * self.num_classes
 
+    def require_audit(self, needs: str, where: str, suggested: int) -> None:
+        """A ConfigError at ``where`` when the experiment holds no audit set; ``needs`` says
+        who uses it for what (``"misalignment trains probes and heads on"``)."""
+        if self.audit_per_class == 0:
+            raise ConfigError(f"{needs} the server's audit set, but the experiment has none "
+                              f"(data.audit_per_class is 0); set data.audit_per_class (e.g. {suggested})", where)
+
 
 DatasetFactory = Callable[[Any], DatasetBundle]
 DATASETS: Registry[DatasetFactory] = Registry("dataset")

@@ -30,7 +30,6 @@ from flwr.serverapp import Grid
 from fedmech_flwr.arrays import from_record, model_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import (
     Covariance,
     LinearHead,
@@ -108,12 +107,7 @@ class HeadRealignConfig(RealignConfig):
 
 def check_head_realign(params: HeadRealignConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
     """The head set and the images that select its epoch both come from the audit set."""
-    if data.audit_per_class == 0:
-        raise ConfigError(
-            "fedavg_head_realign finetunes the head on the server's audit set, but the "
-            "experiment has none (data.audit_per_class is 0); set data.audit_per_class (e.g. 50)",
-            where,
-        )
+    data.require_audit("fedavg_head_realign finetunes the head on", where, suggested=50)
     # every class keeps at least one image to select the epoch on
     head_set_per_class(params.samples, data.audit_per_class - 1, data.num_classes, join_key(where, "samples"))
 
