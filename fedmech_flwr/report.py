@@ -637,9 +637,14 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
     others = [k for k in varying if not k.startswith(("strategy.", "client.", "data.partition."))]
     cells: dict[str, dict[str, Group]] = defaultdict(dict)
     columns: list[str] = []
+    by_strategy = defaultdict(list)
+    for g in groups:
+        by_strategy[g.config.get("strategy", {}).get("name")].append(g.config)
+    # a strategy's row names only the parameters that tell its own rows apart
+    own_varying = {name: differing_keys(configs) for name, configs in by_strategy.items()}
     for g in groups:
         flat = flatten_plain(g.config)
-        params = [f"{k.split('.', 1)[1]}={_text(flat[k])}" for k in varying
+        params = [f"{k.split('.', 1)[1]}={_text(flat[k])}" for k in own_varying[flat.get("strategy.name")]
                   if k.startswith("strategy.") and k not in ("strategy.name", "strategy.weighting") and k in flat]
         weighting = [_text(flat["strategy.weighting"])] if "strategy.weighting" in flat else []
         row = f"{flat.get('strategy.name')}({', '.join(weighting + params)}) + {flat.get('client.name')}"

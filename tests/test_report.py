@@ -256,8 +256,18 @@ def test_the_leaderboard_ranks_strategies_by_mean_accuracy(sweep_report):
     rows = [line for line in board.splitlines() if line.startswith("| fed")]
     # fedavg: mean of 82.0 (iid) and 40.0 (dirichlet) = 61.0; fedprox: 50.0 (dirichlet only)
     assert rows[0].startswith("| fedavg(examples) + plain |") and rows[0].endswith("| 61.0 |")
-    assert rows[1].startswith("| fedprox(examples, proximal_mu=0.01) + proximal | – |")
+    assert rows[1].startswith("| fedprox(examples) + proximal | – |")  # one fedprox: mu tells nothing apart
     assert "| strategy + client | iid | dirichlet(alpha=0.05) | mean over columns (%) |" in board
+
+
+def test_a_leaderboard_row_names_the_parameters_that_tell_its_strategy_apart(tmp_path):
+    runs = [write_run(tmp_path / f"prox{mu}", config(0, **{**PROX, "strategy__proximal_mu": mu})) for mu in (0.01, 0.1)]
+    runs.append(write_run(tmp_path / "fedavg", config(0)))
+    write_report(runs, tmp_path / "out")
+    board = (tmp_path / "out" / "report.md").read_text().split("## Strategy leaderboard")[1].split("##")[0]
+    labels = sorted(line.split(" | ")[0] for line in board.splitlines() if line.startswith("| fed"))
+    assert labels == ["| fedavg(examples) + plain", "| fedprox(examples, proximal_mu=0.01) + proximal",
+                      "| fedprox(examples, proximal_mu=0.1) + proximal"]
 
 
 def test_the_outputs_are_complete_and_the_markdown_links_its_plots(sweep_report):
