@@ -8,4 +8,4 @@ parameters and the experiment or its data, run at validation) and import the mod
 failure policy and diagnostics come from the round protocol that wraps every strategy.
 """
 
-from strategies import fedavg, fedbabu, fedprox, realign  # noqa: F401
+from strategies import circuit_masked, fedavg, fedbabu, fedprox, matched_avg, realign  # noqa: F401

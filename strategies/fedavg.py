@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedmech_flwr.arrays import from_record, to_record, weighted_mean
+from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,18 @@ class WeightedFedAvg(FedAvg):
             weights = [1.0] * len(contents)
         else:
             weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
-        return to_record(weighted_mean(models, weights)), self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        arrays, own = self.average(server_round, contents, models, weights)
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        for key, value in own.items():
+            metrics[key] = value
+        return to_record(arrays), metrics
+
+    def average(
+        self, server_round: int, contents: list[RecordDict], models: list[NamedArrays], weights: list[float]
+    ) -> tuple[NamedArrays, dict[str, int | float]]:
+        """The aggregate of the replies' ``models`` (client weights ``weights``), and this
+        strategy's own metrics of the round (added to the returned MetricRecord)."""
+        return weighted_mean(models, weights), {}
 
 
 @STRATEGIES.register("fedavg", FedAvgConfig)

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from fedmech_flwr.models import resnet, simple_cnn
-from fedmech_flwr.models.base import MODELS, FedMechModel, build_model
+from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel, build_model
 
-__all__ = ["MODELS", "FedMechModel", "build_model", "resnet", "simple_cnn"]
+__all__ = ["MODELS", "ChannelGroup", "FedMechModel", "build_model", "resnet", "simple_cnn"]

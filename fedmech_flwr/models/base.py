@@ -7,6 +7,7 @@ on model class (timm's idea): penultimate features, a linear head and named gate
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
@@ -18,6 +19,28 @@ ModelFactory = Callable[..., "FedMechModel"]
 """``factory(cfg, *, in_channels, num_classes, image_size) -> FedMechModel``."""
 
 MODELS: Registry[ModelFactory] = Registry("model")
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """Channels that one permutation must move together (Git Re-Basin's permutation spec).
+
+    Permuting axis 0 of every ``rows`` array and axis 1 of every ``columns`` array (in
+    blocks) with one permutation leaves the model's function unchanged. Gated layers tied
+    by a skip connection (their outputs are added) share one group.
+    """
+
+    name: str
+    size: int
+    rows: tuple[str, ...]
+    """state_dict names whose axis 0 are these channels: the producing layers' weights and
+    biases, their norm layers' parameters and running statistics."""
+    columns: tuple[tuple[str, int], ...]
+    """(state_dict name, block) of the weights whose axis 1 reads these channels, ``block``
+    consecutive entries per channel (the positions a flatten puts behind a channel; 1 for
+    a conv or a pooled head)."""
+    activations: tuple[str, ...]
+    """Modules whose outputs carry these channels (for matching on activations)."""
 
 
 class FedMechModel(nn.Module):
@@ -65,6 +88,21 @@ class FedMechModel(nn.Module):
             raise KeyError(f"no gated layer '{name}'; gated layers: {', '.join(self._gates)}")
         layer, gate_point = self._gates[name]
         return self.get_submodule(layer if before_norm else gate_point)
+
+    def channel_arrays(self, name: str) -> tuple[str, ...]:
+        """state_dict names whose axis 0 is gate ``name``'s output channels: its layer's
+        weight and bias and, where a norm layer is the gate point, that layer's parameters
+        and running statistics."""
+        layer, point = self._gates[name]
+        paths = [layer] if point == layer else [layer, point]
+        return tuple(f"{path}.{key}" for path in paths
+                     for key, value in self.get_submodule(path).state_dict().items() if value.ndim)
+
+    def permutation_groups(self) -> list[ChannelGroup]:
+        """The model's channel groups, every permutable channel in one (weight matching permutes them).
+        Models carry no pruning masks (pruned weights are zeros), so permuting the weights
+        moves the sparsity pattern with them."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its channel groups (permutation_groups)")
 
     def prunable_parameters(self) -> dict[str, nn.Parameter]:
         """Weights (no biases, no norms) of all conv/linear layers, head included, keyed

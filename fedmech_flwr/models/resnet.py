@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models.base import MODELS, FedMechModel
+from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
 
 
 @dataclass
@@ -89,6 +89,33 @@ class ResNet10(FedMechModel):
         for module in self.modules():  # torchvision's ResNet initialisation
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def permutation_groups(self) -> list[ChannelGroup]:
+        """Per block, conv1's channels (read by conv2); and the residual stream: the stem
+        and the conv2 of every block without a shortcut conv are added to one another, so
+        they share a group; a block with a shortcut conv starts a new stream (its conv2
+        and shortcut outputs are added). A stream is read by the next block's conv1 and
+        shortcut conv, the last one by the head (after pooling)."""
+        groups = []
+        gates, readers = ["stem"], []
+        for name in self.stages:
+            readers.append((f"{name}.conv1.weight", 1))
+            if getattr(self, name).downsample is None:
+                gates.append(f"{name}.conv2")
+            else:
+                readers.append((f"{name}.downsample.0.weight", 1))
+                groups.append(self._group(gates, readers))
+                gates, readers = [f"{name}.conv2", f"{name}.downsample"], []
+            groups.append(self._group([f"{name}.conv1"], [(f"{name}.conv2.weight", 1)]))
+        groups.append(self._group(gates, [*readers, ("head.weight", 1)]))
+        return groups
+
+    def _group(self, gates: list[str], readers: list[tuple[str, int]]) -> ChannelGroup:
+        """The group of ``gates``' output channels; its activations are their BatchNorm
+        outputs (before the addition and the ReLU, where no channel is dead)."""
+        rows = tuple(key for gate in gates for key in self.channel_arrays(gate))
+        points = tuple(self._gates[gate][1] for gate in gates)
+        return ChannelGroup("+".join(gates), self.gated_layers()[gates[0]], rows, tuple(readers), points)
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.stem_pool(F.relu(self.stem_bn(self.stem_conv(x))))

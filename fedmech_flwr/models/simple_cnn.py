@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models.base import MODELS, FedMechModel
+from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
 
 
 @dataclass
@@ -51,6 +51,17 @@ class SimpleCNN(FedMechModel):
         self.num_classes = num_classes
         self.feature_dim = channels[-1] * side * side
         self.head = nn.Linear(self.feature_dim, num_classes)
+        self._side = side
+
+    def permutation_groups(self) -> list[ChannelGroup]:
+        """One group per conv: its filters, read by the next conv, or by the head in
+        blocks of side x side flattened positions."""
+        names = list(self._gates)
+        groups = []
+        for i, name in enumerate(names):
+            reader = (f"{names[i + 1]}.weight", 1) if i + 1 < len(names) else ("head.weight", self._side**2)
+            groups.append(ChannelGroup(name, getattr(self, name).out_channels, self.channel_arrays(name), (reader,), (name,)))
+        return groups
 
     def forward_features(self, x: Tensor) -> Tensor:
         for name in self._gates:
