@@ -262,10 +262,16 @@ def test_ablation_report_on_hand_built_circuit():
     mask = {"conv": torch.tensor([False, True, False, False])}  # class 2's circuit
     report = ablation_report(model, x, y, 2, mask, means, torch.Generator().manual_seed(0))
     third = pytest.approx(1 / 3)
+    assert report["images"] == 90 and report["class_images"] == 30
+    assert report["baseline"].pop("ci95") == {"recall": pytest.approx(0.0568, abs=1e-4),  # Wilson, p = 1, n = 30
+                                              "accuracy": pytest.approx(0.0205, abs=1e-4),
+                                              "predicted_fraction": pytest.approx(0.0956, abs=1e-4),
+                                              "max_predicted_fraction": pytest.approx(0.0956, abs=1e-4)}
     assert report["baseline"] == {"recall": 1.0, "accuracy": 1.0, "predicted_fraction": third,
                                   "max_predicted_fraction": third}
     assert report["circuit_size"] == {"conv": 1}
     # Alone the circuit still finds class 2 (the others tie at logit 0 and fall to class 0).
+    assert report["circuit"]["sufficiency"]["zero"].pop("ci95")["recall"] == pytest.approx(0.0568, abs=1e-4)
     assert report["circuit"]["sufficiency"]["zero"] == {
         "recall": 1.0, "accuracy": pytest.approx(2 / 3), "predicted_fraction": third,
         "max_predicted_fraction": pytest.approx(2 / 3),  # classes 0 and 1 both fall to class 0

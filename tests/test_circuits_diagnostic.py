@@ -131,7 +131,9 @@ def test_run_records_circuits_every_round(circuits_run):
         assert r["mean"]["local_to_global"] is not None and r["mean"]["inter_client"] is not None
         for variant in ("global", "cross", "local"):
             report = r["ablation"][variant]["1"]
-            assert set(report) == {"baseline", "circuit", "random", "clients", "degenerate_sufficiency"}
+            assert set(report) == {"baseline", "circuit", "random", "clients", "degenerate_sufficiency", "images",
+                                   "class_images"}
+            assert report["circuit"]["sufficiency"]["zero"]["ci95"]["accuracy"] > 0  # the sampling interval
             assert set(report["circuit"]) == {"sufficiency", "necessity"}
             assert set(report["circuit"]["sufficiency"]) == {"zero", "mean"}
         assert all(s["local"] is not None and s["global"] is not None for s in r["client_seconds"].values())

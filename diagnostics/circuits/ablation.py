@@ -12,14 +12,16 @@ circuit that needs no gated channel (bias-only) from one where discovery kept no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from diagnostics.circuits.discovery import frozen
-from diagnostics.circuits.gates import Position, patched, resolve_layers
+from diagnostics.circuits.gates import Position, gate_point, patched, resolve_layers
 from diagnostics.circuits.metrics import MaskLike, circuit_size, to_bools
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.training import largest_predicted_class
@@ -71,6 +73,14 @@ def ablate(
     Layers absent from ``mask`` are left alone; ``means`` (from ``channel_means`` at the
     same ``position``) is needed for ``fill="mean"``.
     """
+    edits = {name: _replacer(keep, value) for name, (keep, value) in _group(model, mask, mode, fill, means).items()}
+    return _predict(model, x, edits, position, batch_size)
+
+
+def _group(
+    model: FedMechModel, mask: MaskLike, mode: Mode, fill: Fill, means: Mapping[str, Tensor] | None
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """One ablation as gated layer -> (channels kept [C] bool, fill value of the others [C])."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if fill not in ("zero", "mean"):
@@ -78,16 +88,15 @@ def ablate(
     if fill == "mean" and means is None:
         raise ValueError("fill='mean' needs the channel means (see channel_means)")
     sizes = model.gated_layers()
-    edits = {}
+    group = {}
     for name in resolve_layers(model, list(mask)):
         keep = torch.from_numpy(to_bools(mask[name]).copy())
         if keep.numel() != sizes[name]:
             raise ValueError(f"mask of layer '{name}' has {keep.numel()} channels, the layer {sizes[name]}")
         if mode == "necessity":
             keep = ~keep
-        value = means[name] if fill == "mean" else torch.zeros(sizes[name])
-        edits[name] = _replacer(keep, value)
-    return _predict(model, x, edits, position, batch_size)
+        group[name] = (keep, means[name].float() if fill == "mean" else torch.zeros(sizes[name]))
+    return group
 
 
 def predict(model: FedMechModel, x: Tensor, batch_size: int = 512) -> Tensor:
@@ -119,36 +128,134 @@ def ablation_report(
 ) -> dict[str, Any]:
     """Sufficiency and necessity of class ``cls``'s circuit, JSON-able.
 
-    ``{"class", "circuit_size", "baseline": scores, "circuit": {mode: {fill: scores}},
-    "random": {mode: {fill: scores}}}``, where scores are ``recall`` (accuracy on class-cls
-    test images; None if there are none), ``accuracy`` (whole test set),
-    ``predicted_fraction`` (share of test images predicted as cls) and
-    ``max_predicted_fraction`` (largest share predicted as any one class). "random" is a circuit
-    with as many channels per layer, drawn with ``generator``. Fill "mean" is reported only
-    when ``means`` is given.
+    ``{"class", "circuit_size", "images", "class_images", "baseline": scores,
+    "circuit": {mode: {fill: scores}}, "random": {mode: {fill: scores}}}``, where scores are
+    ``recall`` (accuracy on class-cls test images; None if there are none), ``accuracy``
+    (whole test set), ``predicted_fraction`` (share of test images predicted as cls),
+    ``max_predicted_fraction`` (largest share predicted as any one class) and ``ci95``: the
+    half-width of each one's 95% Wilson interval, the sampling error of the ``images``
+    (``class_images`` of class cls) evaluated. "random" is a circuit with as many channels
+    per layer, drawn with ``generator``. Fill "mean" is reported only when ``means`` is given.
     """
-    y, n = y_test.cpu(), model.num_classes
-    sizes = model.gated_layers()
-    random_mask = {}
+    random_mask = random_like(mask, model.gated_layers(), generator)
+    return ablation_reports(model, x_test, y_test, [(cls, mask, random_mask)], means, position, batch_size)[0]
+
+
+def random_like(mask: MaskLike, sizes: Mapping[str, int], generator: torch.Generator) -> dict[str, Tensor]:
+    """A random circuit with as many channels per layer as ``mask``, drawn with ``generator``."""
+    out = {}
     for name, k in circuit_size(mask).items():
         chosen = torch.zeros(sizes[name], dtype=torch.bool)
         chosen[torch.randperm(sizes[name], generator=generator)[:k]] = True
-        random_mask[name] = chosen
+        out[name] = chosen
+    return out
+
+
+def ablation_reports(
+    model: FedMechModel,
+    x_test: Tensor,
+    y_test: Tensor,
+    jobs: Sequence[tuple[int, MaskLike, MaskLike]],
+    means: Mapping[str, Tensor] | None,
+    position: Position = "after_norm",
+    batch_size: int = 512,
+) -> list[dict[str, Any]]:
+    """``ablation_report`` of every (class, circuit, random circuit) in ``jobs`` on one model,
+    all in one batched pass (``predict_groups``): the unablated baseline and the first gated
+    layer are computed once per image batch for all of them."""
+    y, n = y_test.cpu(), model.num_classes
     fills: tuple[Fill, ...] = ("zero", "mean") if means is not None else ("zero",)
-    report: dict[str, Any] = {
-        "class": int(cls),
-        "circuit_size": circuit_size(mask),
-        "baseline": _scores(predict(model, x_test, batch_size), y, cls, n),
-    }
-    for label, m in (("circuit", mask), ("random", random_mask)):
-        report[label] = {
-            mode: {
-                fill: _scores(ablate(model, x_test, m, mode, fill, means, position, batch_size), y, cls, n)
-                for fill in fills
-            }
-            for mode in MODES
+    combos = [(label, mode, fill) for label in ("circuit", "random") for mode in MODES for fill in fills]
+    groups = [_group(model, m, mode, fill, means)
+              for _, mask, rnd in jobs for label, mode, fill in combos for m in [mask if label == "circuit" else rnd]]
+    baseline, preds = predict_groups(model, x_test, groups, position, batch_size)
+    reports = []
+    for j, (cls, mask, _) in enumerate(jobs):
+        report: dict[str, Any] = {
+            "class": int(cls),
+            "circuit_size": circuit_size(mask),
+            "images": len(y),
+            "class_images": int((y == cls).sum()),
+            "baseline": _scores(baseline, y, cls, n),
+            "circuit": {mode: {} for mode in MODES},
+            "random": {mode: {} for mode in MODES},
         }
-    return report
+        for i, (label, mode, fill) in enumerate(combos):
+            report[label][mode][fill] = _scores(preds[j * len(combos) + i], y, cls, n)
+        reports.append(report)
+    return reports
+
+
+def predict_groups(
+    model: FedMechModel,
+    x: Tensor,
+    groups: Sequence[Mapping[str, tuple[Tensor, Tensor]]],
+    position: Position = "after_norm",
+    batch_size: int = 512,
+) -> tuple[Tensor, Tensor]:
+    """The unablated predictions [N] and those under each group's edits [G, N] (CPU).
+
+    A group maps gated layers to (channels kept [C] bool, fill of the others [C]). Per image
+    batch, the first edited gate point's output is computed once (in the unablated pass)
+    and replayed for every group: only the layers after it run again. Groups run
+    ``batch_size // images`` at a time, each sample edited by its own group's channels.
+    """
+    device = next(model.parameters()).device
+    sizes = model.gated_layers()
+    names = [name for name in sizes if any(name in g for g in groups)]
+    keep = {name: torch.stack([g[name][0] if name in g else torch.ones(sizes[name], dtype=torch.bool)
+                               for g in groups]).to(device) for name in names}
+    value = {name: torch.stack([g[name][1] if name in g else torch.zeros(sizes[name])
+                                for g in groups]).to(device) for name in names}
+    per_image_batch = min(batch_size, max(len(x), 1))
+    per_pass = max(1, batch_size // per_image_batch)
+    base, preds = [], []
+    with frozen(model), torch.inference_mode():
+        for xb in x.split(per_image_batch):
+            xb = xb.to(device)
+            first: list[Tensor] = []
+
+            def keep_first(out: Tensor) -> Tensor:
+                first.append(out.clone())  # a later in-place op must not change the replayed copy
+                return out
+
+            with patched(model, {names[0]: keep_first} if names else {}, position):
+                base.append(model(xb).argmax(dim=1).cpu())
+            rows = []
+            for lo in range(0, len(groups), per_pass):
+                k = min(per_pass, len(groups) - lo)
+                edits = {name: _group_replacer(keep[name][lo : lo + k], value[name][lo : lo + k]) for name in names}
+                with _replayed(gate_point(model, names[0], position), first[0].repeat(k, *[1] * (xb.ndim - 1))), \
+                        patched(model, edits, position):
+                    rows.append(model(xb.repeat(k, *[1] * (xb.ndim - 1))).argmax(dim=1).view(k, -1).cpu())
+            preds.append(torch.cat(rows) if rows else torch.zeros(0, len(xb), dtype=torch.long))
+    baseline = torch.cat(base) if base else torch.zeros(0, dtype=torch.long)
+    if not names:
+        return baseline, baseline.expand(len(groups), -1).clone()
+    return baseline, torch.cat(preds, dim=1) if preds else torch.zeros(len(groups), 0, dtype=torch.long)
+
+
+@contextmanager
+def _replayed(module: torch.nn.Module, output: Tensor) -> Iterator[None]:
+    """While open, ``module`` returns ``output`` without computing (its hooks still run)."""
+    module.forward = lambda *_args, **_kwargs: output
+    try:
+        yield
+    finally:
+        del module.forward
+
+
+def _group_replacer(keep: Tensor, value: Tensor) -> Callable[[Tensor], Tensor]:
+    """An output edit for ``k`` groups stacked group-major ([k * B, C, ...]): group g keeps
+    channels ``keep[g]`` and sets the others to ``value[g]``."""
+
+    def edit(out: Tensor) -> Tensor:
+        k = keep.shape[0]
+        grouped = out.view(k, -1, *out.shape[1:])
+        shape = (k, 1, -1, *([1] * (out.ndim - 2)))
+        return torch.where(keep.view(shape), grouped, value.to(out.dtype).view(shape)).view_as(out)
+
+    return edit
 
 
 def _replacer(keep: Tensor, value: Tensor) -> Callable[[Tensor], Tensor]:
@@ -173,17 +280,29 @@ def _predict(
     """argmax predictions [N] (CPU) of the model with ``edits`` applied, in batches."""
     device = next(model.parameters()).device
     preds = []
-    with frozen(model), torch.no_grad(), patched(model, edits, position):
+    with frozen(model), torch.inference_mode(), patched(model, edits, position):
         for batch in x.split(batch_size):
             preds.append(model(batch.to(device)).argmax(dim=1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
 
-def _scores(pred: Tensor, y: Tensor, cls: int, num_classes: int) -> dict[str, float | None]:
+def _scores(pred: Tensor, y: Tensor, cls: int, num_classes: int) -> dict[str, Any]:
     in_class = y == cls
-    return {
+    scores = {
         "recall": float((pred[in_class] == cls).float().mean()) if in_class.any() else None,
         "accuracy": float((pred == y).float().mean()),
         "predicted_fraction": float((pred == cls).float().mean()),
         "max_predicted_fraction": largest_predicted_class(pred, num_classes)[1],
     }
+    sizes = {"recall": int(in_class.sum()), "accuracy": len(y), "predicted_fraction": len(y),
+             "max_predicted_fraction": len(y)}
+    scores["ci95"] = {key: wilson_half_width(scores[key], sizes[key]) for key in sizes}
+    return scores
+
+
+def wilson_half_width(p: float | None, n: int, z: float = 1.96) -> float | None:
+    """Half-width of the Wilson score interval of a proportion ``p`` measured on ``n``
+    samples (None when there is no proportion): the sampling error of an ablation score."""
+    if p is None or n == 0:
+        return None
+    return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

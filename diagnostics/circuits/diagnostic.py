@@ -62,9 +62,10 @@ import numpy as np
 import torch
 
 from diagnostics.circuits.ablation import (
-    ablation_report,
+    ablation_reports,
     channel_means,
     predict,
+    random_like,
     without_channels,
 )
 from diagnostics.circuits.discovery import discover_circuits
@@ -203,6 +204,7 @@ class Circuits(Diagnostic):
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         p = self.params
+        clock = _Clock()
         global_model = state.build_model(state.global_arrays)
         sizes = global_model.gated_layers()
         local = {pid: unpack_masks(u.diagnostics["circuits"]["masks"], sizes)
@@ -235,7 +237,9 @@ class Circuits(Diagnostic):
             for part in counts:
                 counts[part][key] = summary[f"{key}_{part}"]
 
+        clock.lap("iou")
         audit = self._audit_circuits(state, global_model) if p.audit else {}
+        clock.lap("audit_discovery")
         for c in audit:
             scores = [iou(glob[pid][c], audit[c]) for pid in sorted(glob) if c in glob[pid]]
             empty = sum(is_empty(glob[pid][c]) for pid in glob if c in glob[pid]) + is_empty(audit[c])
@@ -250,6 +254,7 @@ class Circuits(Diagnostic):
         local_models = {pid: state.build_model(state.clients[pid].arrays) for pid in sorted(local)}
         predictions = _predictions(global_model, local_models, xs)
         circuit_counts = self._empty_circuits(global_model, local_models, local, glob, audit, per_class, xs, ys)
+        clock.lap("checks")
 
         result_sizes = {
             kind: {layer: _mean([circuit_size(mask)[layer] for m in models.values() for mask in m.values()])
@@ -258,6 +263,7 @@ class Circuits(Diagnostic):
         }
         ablation = (self._ablations(global_model, local_models, local, glob, audit, xs, ys, state.server_round)
                     if p.ablations or audit else {})
+        clock.lap("ablations")
         self._previous.update(local)
 
         arrays = {
@@ -272,7 +278,8 @@ class Circuits(Diagnostic):
                           for pid, u in state.clients.items()}
         metrics = {"empty_iou": p.empty_iou, "mean": mean, **counts, "per_class": {str(c): v for c, v in per_class.items()},
                    "circuit_counts": circuit_counts, "predictions": predictions, "sizes": result_sizes,
-                   "ablation": ablation, "client_seconds": client_seconds, "moving_average": p.moving_average}
+                   "ablation": ablation, "client_seconds": client_seconds, "server_seconds": clock.laps,
+                   "moving_average": p.moving_average}
         _log_round(state.server_round, metrics)
         return DiagnosticResult(metrics=metrics, arrays=arrays)
 
@@ -319,6 +326,8 @@ class Circuits(Diagnostic):
         return discover_circuits(global_model, x, y, _held(y, state.num_classes, 1), self.params.gates, generator)
 
     def _ablations(self, global_model, local_models, local, glob, audit, xs, ys, server_round: int) -> dict[str, Any]:
+        """Every variant's ablation reports, one batched pass per model (the global model's
+        variants share one). Random circuits are drawn in the order variant, client, class."""
         p = self.params
         position = p.gates.position
         generator = torch.Generator().manual_seed(server_round)
@@ -326,28 +335,28 @@ class Circuits(Diagnostic):
         def means_of(model):
             return channel_means(model, xs, position=position) if "mean" in p.fills else None
 
-        jobs: dict[str, list[tuple[Any, Any, int, Any]]] = defaultdict(list)
-        g_means = means_of(global_model)
+        jobs: dict[str, list[tuple[Any, int, Any]]] = defaultdict(list)
         for pid in sorted(local):
             for c, mask in local[pid].items():
                 if "cross" in p.ablations:
-                    jobs["cross"].append((global_model, g_means, c, mask))
+                    jobs["cross"].append((global_model, c, mask))
                 if "global" in p.ablations and c in glob.get(pid, {}):
-                    jobs["global"].append((global_model, g_means, c, glob[pid][c]))
+                    jobs["global"].append((global_model, c, glob[pid][c]))
             if "local" in p.ablations and local[pid]:
-                model = local_models[pid]
-                l_means = means_of(model)
-                jobs["local"].extend((model, l_means, c, mask) for c, mask in local[pid].items())
+                jobs["local"].extend((local_models[pid], c, mask) for c, mask in local[pid].items())
         if audit:
-            jobs["audit"] = [(global_model, g_means, c, mask) for c, mask in audit.items()]
-        out: dict[str, Any] = {}
-        for variant, items in jobs.items():
-            reports = defaultdict(list)
-            for model, means, c, mask in items:
-                report = ablation_report(model, xs, ys, c, mask, means, generator, position)
-                reports[c].append(_drop_unused_fills(report, p.fills))
-            out[variant] = {str(c): _average_reports(rs) for c, rs in reports.items()}
-        return out
+            jobs["audit"] = [(global_model, c, mask) for c, mask in audit.items()]
+        sizes = global_model.gated_layers()
+        flat = [(variant, model, (c, mask, random_like(mask, sizes, generator)))
+                for variant, items in jobs.items() for model, c, mask in items]
+        reports: dict[str, dict[int, list]] = {variant: defaultdict(list) for variant in jobs}
+        for model in {id(m): m for _, m, _ in flat}.values():
+            mine = [(variant, job) for variant, m, job in flat if m is model]
+            done = ablation_reports(model, xs, ys, [job for _, job in mine], means_of(model), position)
+            for (variant, (c, _, _)), report in zip(mine, done):
+                reports[variant][c].append(_drop_unused_fills(report, p.fills))
+        return {variant: {str(c): _average_reports(rs) for c, rs in by_class.items()}
+                for variant, by_class in reports.items()}
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
@@ -407,6 +416,19 @@ class Circuits(Diagnostic):
                                  "numbers: empty / all circuits; bias-only: the model predicts the class "
                                  "with every gated channel closed"))
         return out
+
+
+class _Clock:
+    """Seconds of each named part of the server side (``server_seconds`` in the record)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
 
 
 UNRECORDED = "empty vs empty: as the run's empty_iou, not recorded then (default 1.0, the paper's convention)"
@@ -484,7 +506,7 @@ def _average_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
         values = [v for v in items if isinstance(v, (int, float))]
         return float(np.mean(values)) if values else None
 
-    merged = merge([{k: r[k] for k in ("baseline", "circuit", "random")} for r in reports])
+    merged = merge([{k: r[k] for k in ("images", "class_images", "baseline", "circuit", "random")} for r in reports])
     merged["clients"] = len(reports)
     merged["degenerate_sufficiency"] = sum(
         any(s["max_predicted_fraction"] > DEGENERATE_FRACTION for s in r["circuit"]["sufficiency"].values())

@@ -1,0 +1,70 @@
+"""The fast paths of the circuits diagnostic against the plain computations they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
+from fedmech_flwr.models import build_model
+from test_circuits import OneConv, no_hooks, one_hot_data, state_hash
+
+
+def per_combination(model, x, y, cls, mask, rnd, means, position):
+    """The report's scores, one ``ablate`` pass per (circuit or random, mode, fill)."""
+    from diagnostics.circuits.ablation import _scores, predict
+
+    n = model.num_classes
+    out = {"baseline": _scores(predict(model, x), y, cls, n)}
+    for label, m in (("circuit", mask), ("random", rnd)):
+        out[label] = {mode: {fill: _scores(ablate(model, x, m, mode, fill, means, position), y, cls, n)
+                             for fill in ("zero", "mean")} for mode in MODES}
+    return out
+
+
+def assert_close(a, b, where=""):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_close(a[key], b[key], f"{where}/{key}")
+    elif a is None or b is None:
+        assert a is b, where
+    else:
+        assert abs(a - b) <= 1e-6, where
+
+
+@pytest.mark.parametrize(("name", "position"), [("simple_cnn", "after_norm"), ("resnet10", "after_norm"),
+                                                ("resnet10", "before_norm")])
+def test_batched_ablation_equals_one_pass_per_combination(name, position, trained_cnn):
+    if name == "simple_cnn":
+        model, data = trained_cnn
+        x, y = data.x_test, data.y_test
+    else:
+        torch.manual_seed(0)
+        model = build_model("resnet10", {"widths": [4, 4, 8, 8], "stem": "cifar"}, in_channels=1, num_classes=3,
+                            image_size=8).eval()
+        x, y = torch.randn(30, 1, 8, 8), torch.arange(30) % 3
+    before = state_hash(model)
+    sizes = model.gated_layers()
+    g = torch.Generator().manual_seed(0)
+    masks = [{name: torch.rand(k, generator=g) < p for name, k in sizes.items()} for p in (0.2, 0.5, 0.9)]
+    masks.append({name: torch.zeros(k, dtype=torch.bool) for name, k in sizes.items()})  # empty circuit
+    jobs = [(c % model.num_classes, m, random_like(m, sizes, g)) for c, m in enumerate(masks)]
+    means = channel_means(model, x, position=position)
+    # batch_size 16: several image batches and several groups per pass
+    reports = ablation_reports(model, x, y, jobs, means, position, batch_size=16)
+    for (cls, mask, rnd), report in zip(jobs, reports):
+        expected = per_combination(model, x, y, cls, mask, rnd, means, position)
+        assert_close({k: report[k] for k in expected}, expected, f"class {cls}")
+    assert state_hash(model) == before and no_hooks(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the replayed layer computes again
+
+
+def test_batched_ablation_on_the_hand_built_circuit():
+    model = OneConv()
+    x, y = one_hot_data(90, seed=3)
+    circuit = {"conv": torch.tensor([False, True, False, False])}
+    (report,) = ablation_reports(model, x, y, [(2, circuit, circuit)], None)
+    assert report["circuit"]["sufficiency"]["zero"]["recall"] == 1.0
+    assert report["circuit"]["necessity"]["zero"]["recall"] == 0.0
+    assert set(report["circuit"]["necessity"]) == {"zero"}  # no means: no mean fill
