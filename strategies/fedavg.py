@@ -6,6 +6,7 @@ The client must return its weights and ``num-examples`` in the reply's MetricRec
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -56,9 +57,10 @@ class WeightedFedAvg(FedAvg):
             weights = [1.0] * len(contents)
         else:
             weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        start = time.perf_counter()
         arrays, own = self.average(server_round, contents, models, weights)
         metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
-        for key, value in own.items():
+        for key, value in {**own, "aggregate-seconds": time.perf_counter() - start}.items():
             metrics[key] = value
         return to_record(arrays), metrics
 
@@ -66,7 +68,8 @@ class WeightedFedAvg(FedAvg):
         self, server_round: int, contents: list[RecordDict], models: list[NamedArrays], weights: list[float]
     ) -> tuple[NamedArrays, dict[str, int | float]]:
         """The aggregate of the replies' ``models`` (client weights ``weights``), and this
-        strategy's own metrics of the round (added to the returned MetricRecord)."""
+        strategy's own metrics of the round, added to the returned MetricRecord (with
+        ``aggregate-seconds``, the server's time to aggregate)."""
         return weighted_mean(models, weights), {}
 
 

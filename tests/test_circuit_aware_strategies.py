@@ -138,6 +138,7 @@ def test_identical_clients_give_fedavgs_result_exactly(messages):
     for key in fedavg:
         np.testing.assert_array_equal(got[key], fedavg[key])
     assert all(v == 0 for k, v in metrics.items() if k.startswith("moved/"))
+    assert metrics["aggregate-seconds"] > 0  # the server's time, next to FedAvg's
 
 
 def test_identity_below_a_large_threshold_is_fedavg_and_still_reports_the_gain(messages):
