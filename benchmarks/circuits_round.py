@@ -1,16 +1,24 @@
-"""One round's full circuit diagnostics vs that round's local training, same config.
+"""One round's circuit diagnostics vs that round's local training, same config, one run.
 
-Runs the experiment in-process (no Ray, every client one after the other on the same
-threads, so the two costs are comparable) and reads the times from the run folder:
-local training = the clients' ``train-seconds``; circuit diagnostics = client-side
-discovery (local and global circuits) + the server side (IoUs, ablations).
+The default (``benchmarks/circuits_round.yaml``) is the paper's setting: CIFAR-10 over 10
+clients (Dirichlet 0.5), SimpleCNN [64, 128, 256] at 99.9% sparsity, 5 local epochs over
+full shards, the paper's gates (STE, init 2.0, Adam 0.1, lambda 0.01, 300 steps), 1,000
+ablation images. It runs in-process (no Ray, clients one after the other on the same
+threads, so the costs compare) and reads the times from the run folder: local training
+is the clients' ``train-seconds``; the circuit diagnostics are the client-side discovery
+of local and global circuits and the server side (IoUs, prediction checks, ablations).
+The last column is diagnostics / training.
 
-    python benchmarks/circuits_round.py [EXPERIMENT] [--rounds 2] [--set key=value ...]
+    python benchmarks/circuits_round.py [EXPERIMENT] [--rounds 1] [--set key=value ...]
+
+On 2 CPU cores a full round takes hours; ``--set federation.clients_per_round=1`` keeps
+one client's round (the ratio is per client, but for the server's share).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -22,28 +30,50 @@ from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records
 
 REPO = Path(__file__).resolve().parents[1]
+PARTS = ("local discovery", "global discovery", "iou", "checks", "ablations")
 
 
-def main() -> None:
+def round_parts(run_dir: Path) -> list[dict[str, float]]:
+    """Per round: training seconds, each diagnostic part's seconds, steps and the ratio."""
+    clients = read_records(run_dir, "client")
+    rows = []
+    for rec in (r for r in read_records(run_dir, "diagnostic") if r["name"] == "circuits"):
+        seconds = rec["client_seconds"].values()
+        server = rec.get("server_seconds", {})
+        row = {
+            "round": rec["round"],
+            "training": sum(c["train-seconds"] for c in clients if c["round"] == rec["round"]),
+            "local discovery": sum(s["local"] or 0 for s in seconds),
+            "global discovery": sum(s["global"] or 0 for s in seconds),
+            "iou": server.get("iou", 0.0) + server.get("audit_discovery", 0.0),
+            "checks": server.get("checks", 0.0),
+            "ablations": server.get("ablations", rec["seconds"] if not server else 0.0),
+            "steps": statistics.mean([v for s in rec.get("client_steps", {}).values() for v in s.values()
+                                      if v is not None] or [0]),
+        }
+        row["ratio"] = sum(row[p] for p in PARTS) / row["training"]
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, float]]) -> None:
+    print(f"{'round':>5} {'training s':>11}" + "".join(f" {p + ' s':>18}" for p in PARTS) + f" {'gate steps':>10} {'ratio':>7}")
+    for row in rows:
+        print(f"{row['round']:>5} {row['training']:>11.1f}" + "".join(f" {row[p]:>18.1f}" for p in PARTS)
+              + f" {row['steps']:>10.0f} {row['ratio']:>7.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("experiment", nargs="?", default=str(REPO / "experiments" / "circuits_fmnist_dirichlet.yaml"))
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("experiment", nargs="?", default=str(REPO / "benchmarks" / "circuits_round.yaml"))
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--set", action="append", default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     plugins.load()
     cfg = load_experiment(args.experiment, [f"federation.num_rounds={args.rounds}", *args.set])
     torch.set_num_threads(cfg.simulation.cpus_per_client)
     with tempfile.TemporaryDirectory() as out:
-        run_dir = run_in_process(cfg, out)
-        clients = read_records(run_dir, "client")
-        circuits = [r for r in read_records(run_dir, "diagnostic") if r["name"] == "circuits"]
-    print(f"{'round':>5} {'training s':>11} {'client circuits s':>18} {'server s':>9} {'ratio':>7}")
-    for rec in circuits:
-        rnd = rec["round"]
-        train = sum(c["train-seconds"] for c in clients if c["round"] == rnd)
-        client = sum((s["local"] or 0) + (s["global"] or 0) for s in rec["client_seconds"].values())
-        total = client + rec["seconds"]
-        print(f"{rnd:>5} {train:>11.1f} {client:>18.1f} {rec['seconds']:>9.1f} {total / train:>7.2f}")
+        print_table(round_parts(run_in_process(cfg, out)))
 
 
 if __name__ == "__main__":

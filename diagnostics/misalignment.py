@@ -33,6 +33,7 @@ weights are never touched.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load as load_bytes, save as save_bytes
 
+from diagnostics.timing import Clock
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -140,12 +142,14 @@ class Misalignment(Diagnostic):
         return bool(self.params.client_stats)
 
     def client_side_global(self, ctx: GlobalContext) -> dict[str, Any]:
+        start = time.perf_counter()
         covariance = self.params.ccvr_covariance if "ccvr" in self.params.client_stats else "diagonal"
         stats = class_stats(features(ctx.global_model, ctx.x), ctx.y, ctx.num_classes, covariance)
-        return {"class_stats": save_bytes(stats.to_arrays())}
+        return {"class_stats": save_bytes(stats.to_arrays()), "seconds": time.perf_counter() - start}
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         p, n = self.params, state.num_classes
+        clock = Clock()
         x_audit, y_audit = state.datasets["audit"]
         x_test, y_test = state.datasets["test"]
         splits = self._splits(y_audit, n, state.seed)
@@ -155,7 +159,9 @@ class Misalignment(Diagnostic):
         f_test, layers_test = features_at(model, x_test, p.probe_layers)
         own = LinearHead.of(model)
         results: dict[str, Any] = {"global": _scores(score(own, f_test, y_test, n))}
+        clock.lap("features")
         results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed)
+        clock.lap("probe")
 
         def head_data(idx):
             return f_audit[idx], y_audit[idx]
@@ -171,8 +177,10 @@ class Misalignment(Diagnostic):
         }
         if p.tau is not None:
             results["tau_norm"] = _scores(score(tau_normalize(own, p.tau), f_test, y_test, n))
+        clock.lap("realigned")
         if p.client_stats:
             results.update(self._from_client_stats(state, own, f_test, y_test, seed))
+        clock.lap("client_stats")
         results["gaps"] = {k: results[k]["accuracy"] - results["global"]["accuracy"] for k in ("probe", "realigned")}
         results["per_class_gaps"] = {
             k: _class_gap(results[k]["per_class"], results["global"]["per_class"]) for k in ("probe", "realigned")
@@ -180,11 +188,16 @@ class Misalignment(Diagnostic):
         for layer in p.probe_layers:
             results.setdefault("layers", {})[layer] = self._probe(layers_audit[layer], y_audit, layers_test[layer], y_test,
                                                                   splits, n, seed)
+        clock.lap("layers")
         if p.probe_clients:
             results["clients"] = {
                 str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, seed)
                 for pid, update in state.clients.items()
             }
+        clock.lap("clients")
+        results["server_seconds"] = clock.laps
+        results["client_seconds"] = {str(pid): u.global_diagnostics.get("misalignment", {}).get("seconds")
+                                     for pid, u in state.clients.items()}
         results["split"] = {"train": len(splits.train), "validation": len(splits.validation), "head": len(splits.head)}
         log.info(
             "round %d | global %.1f%% | probe %.1f%% (%+.1f pp) | realigned %.1f%% (%+.1f pp)",

@@ -68,7 +68,7 @@ from diagnostics.circuits.ablation import (
     random_like,
     without_channels,
 )
-from diagnostics.circuits.discovery import discover_circuits
+from diagnostics.circuits.discovery import discover_circuits, learn_circuits
 from diagnostics.circuits.gates import GateConfig
 from diagnostics.circuits.metrics import (
     PAPER_EMPTY_IOU,
@@ -79,6 +79,7 @@ from diagnostics.circuits.metrics import (
     to_bools,
     unpack_masks,
 )
+from diagnostics.timing import Clock
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -193,8 +194,9 @@ class Circuits(Diagnostic):
         held = _held(y, num_classes, self.params.min_class_samples)
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence(list(seed)).generate_state(1)[0]))
-        masks = discover_circuits(model, x, y, held, self.params.gates, generator) if held else {}
-        return {"held": held, "masks": pack_masks(masks), "seconds": time.perf_counter() - start}
+        found = learn_circuits(model, x, y, held, self.params.gates, generator) if held else None
+        return {"held": held, "masks": pack_masks(found.masks if found else {}), "seconds": time.perf_counter() - start,
+                "steps": found.steps if found else None}
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any]:
         return self._discover(ctx.local_model, ctx.x, ctx.y, ctx.num_classes, (ctx.server_round, ctx.partition_id, 1))
@@ -204,7 +206,7 @@ class Circuits(Diagnostic):
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         p = self.params
-        clock = _Clock()
+        clock = Clock()
         global_model = state.build_model(state.global_arrays)
         sizes = global_model.gated_layers()
         local = {pid: unpack_masks(u.diagnostics["circuits"]["masks"], sizes)
@@ -276,9 +278,12 @@ class Circuits(Diagnostic):
         client_seconds = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("seconds"),
                                      "global": u.global_diagnostics.get("circuits", {}).get("seconds")}
                           for pid, u in state.clients.items()}
+        client_steps = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("steps"),
+                                   "global": u.global_diagnostics.get("circuits", {}).get("steps")}
+                        for pid, u in state.clients.items()}
         metrics = {"empty_iou": p.empty_iou, "mean": mean, **counts, "per_class": {str(c): v for c, v in per_class.items()},
                    "circuit_counts": circuit_counts, "predictions": predictions, "sizes": result_sizes,
-                   "ablation": ablation, "client_seconds": client_seconds, "server_seconds": clock.laps,
+                   "ablation": ablation, "client_seconds": client_seconds, "client_steps": client_steps, "server_seconds": clock.laps,
                    "moving_average": p.moving_average}
         _log_round(state.server_round, metrics)
         return DiagnosticResult(metrics=metrics, arrays=arrays)
@@ -416,19 +421,6 @@ class Circuits(Diagnostic):
                                  "numbers: empty / all circuits; bias-only: the model predicts the class "
                                  "with every gated channel closed"))
         return out
-
-
-class _Clock:
-    """Seconds of each named part of the server side (``server_seconds`` in the record)."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
-        self._last = now
 
 
 UNRECORDED = "empty vs empty: as the run's empty_iou, not recorded then (default 1.0, the paper's convention)"

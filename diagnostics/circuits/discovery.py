@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,6 +46,17 @@ Mask = dict[str, Tensor]
 """Gated layer name -> bool tensor [channels]: the channels in a circuit."""
 
 
+@dataclass
+class Discovery:
+    """What one discovery learned: the circuits, the final gate logits and the steps taken."""
+
+    masks: dict[int, Mask]
+    logits: dict[int, dict[str, Tensor]]
+    """Class -> gated layer -> final gate logits [channels] (CPU): a later discovery's
+    warm start."""
+    steps: int
+
+
 def discover_circuits(
     model: FedMechModel,
     x: Tensor,
@@ -61,6 +73,22 @@ def discover_circuits(
     no hooks are left behind. Every class must have samples in ``y`` (callers decide what
     an absent class means). Masks are CPU bool tensors.
     """
+    return learn_circuits(model, x, y, classes, cfg, generator, layers).masks
+
+
+def learn_circuits(
+    model: FedMechModel,
+    x: Tensor,
+    y: Tensor,
+    classes: Sequence[int],
+    cfg: GateConfig,
+    generator: torch.Generator,
+    layers: Sequence[str] | None = None,
+    start: Mapping[int, Mapping[str, Tensor]] | None = None,
+) -> Discovery:
+    """``discover_circuits``, also returning the logits and steps; ``start`` warm-starts
+    the classes it holds from their gate logits (e.g. a previous round's, or
+    ``mask_logits`` of a circuit); the others start at ``cfg.init``."""
     cfg = _validated(cfg)
     classes = _checked_classes(classes, model.num_classes)
     names = resolve_layers(model, layers)
@@ -72,11 +100,17 @@ def discover_circuits(
         if len(pool) == 0:
             raise ValueError(f"class {c} has no samples in the data given; leave it out of classes")
         pools.append(pool)
-    logits = _learn_gates(model, x, pools, classes, names, cfg, generator)
-    return {
-        c: {name: (logits[name][row] > cfg.threshold).cpu() for name in names}
-        for row, c in enumerate(classes)
-    }
+    logits, steps = _learn_gates(model, x, pools, classes, names, cfg, generator, start or {})
+    return Discovery(
+        masks={c: {name: (logits[name][row] > cfg.threshold).cpu() for name in names} for row, c in enumerate(classes)},
+        logits={c: {name: logits[name][row].cpu() for name in names} for row, c in enumerate(classes)},
+        steps=steps,
+    )
+
+
+def mask_logits(mask: Mapping[str, Tensor], init: float) -> dict[str, Tensor]:
+    """Gate logits that open a circuit's channels (+init) and close the others (-init)."""
+    return {name: torch.where(torch.as_tensor(m, dtype=torch.bool), init, -init).float() for name, m in mask.items()}
 
 
 def discover_one_class(
@@ -116,12 +150,15 @@ def _learn_gates(
     names: list[str],
     cfg: GateConfig,
     generator: torch.Generator,
-) -> dict[str, Tensor]:
-    """Adam on the gate logits only; returns the final logits [classes, channels] per layer.
+    start: Mapping[int, Mapping[str, Tensor]],
+) -> tuple[dict[str, Tensor], int]:
+    """Adam on the gate logits only; returns the final logits [classes, channels] per layer
+    and the steps taken.
 
     A step runs the classes in chunks of at most ``cfg.max_batch`` samples and sums their
     gradients before the update. Rows are independent, so chunking changes nothing but
-    memory and speed.
+    memory and speed. With ``cfg.patience``, stops once no row's hard mask has changed for
+    that many steps, never before ``cfg.min_steps``.
     """
     device = next(model.parameters()).device
     sizes = model.gated_layers()
@@ -130,28 +167,41 @@ def _learn_gates(
         torch.Generator().manual_seed(int(np.random.SeedSequence([base_seed, c]).generate_state(1)[0]))
         for c in classes
     ]
-    logits = {
-        name: torch.full((len(classes), sizes[name]), cfg.init, device=device, requires_grad=True)
-        for name in names
-    }
+    logits = {}
+    for name in names:
+        rows = [start[c][name].to(device, torch.float32) if c in start else torch.full((sizes[name],), cfg.init, device=device)
+                for c in classes]
+        logits[name] = torch.stack(rows).requires_grad_(True)
     optimizer = torch.optim.Adam(logits.values(), lr=cfg.lr)
     per_class = per_class_batch(cfg.batch_size, len(classes))
     per_chunk = max(1, cfg.max_batch // per_class)
     chunks = [range(lo, min(lo + per_chunk, len(classes))) for lo in range(0, len(classes), per_chunk)]
-    start = time.perf_counter()
+    began = time.perf_counter()
+    masks, unchanged, step = _hard(logits, cfg), 0, 0
     with frozen(model), torch.enable_grad():
-        for _ in range(cfg.steps):
+        while step < cfg.steps:
             optimizer.zero_grad(set_to_none=True)
             loss = sum(
                 _chunk_loss(model, x, pools, classes, class_generators, logits, chunk, per_class, cfg, device)
                 for chunk in chunks
             )
             optimizer.step()
+            step += 1
+            if cfg.patience is not None:
+                now = _hard(logits, cfg)
+                unchanged = unchanged + 1 if all(torch.equal(now[n], masks[n]) for n in names) else 0
+                masks = now
+                if step >= cfg.min_steps and unchanged >= cfg.patience:
+                    break
     log.debug(
         "circuits of classes %s: %d steps in %.2fs, final loss %.4f",
-        classes, cfg.steps, time.perf_counter() - start, loss,
+        classes, step, time.perf_counter() - began, loss,
     )
-    return {name: g.detach() for name, g in logits.items()}
+    return {name: g.detach() for name, g in logits.items()}, step
+
+
+def _hard(logits: Mapping[str, Tensor], cfg: GateConfig) -> dict[str, Tensor]:
+    return {name: g.detach() > cfg.threshold for name, g in logits.items()}
 
 
 def _chunk_loss(

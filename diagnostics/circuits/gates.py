@@ -49,7 +49,13 @@ class GateConfig:
     lam: float = field(default=0.01, metadata={"ge": 0})
     """Weight of the L0-style sparsity penalty (per open channel)."""
     steps: int = field(default=300, metadata={"ge": 1})
-    """Optimisation steps."""
+    """Optimisation steps (at most, with ``patience``)."""
+    patience: int | None = field(default=None, metadata={"ge": 1})
+    """Stop early once no class's hard mask has changed for this many steps (but never
+    before ``min_steps``). null: always run ``steps``, the paper's protocol."""
+    min_steps: int = field(default=50, metadata={"ge": 1})
+    """With ``patience``: the fewest steps taken. From the cold start (``init`` 2.0, Adam
+    0.1) a channel needs about 20 steps to close at all."""
     batch_size: int = field(default=256, metadata={"ge": 1})
     """Samples per step, shared by the classes discovered together: each class draws
     ceil(batch_size / len(classes)) of its own samples per step. So discovering all

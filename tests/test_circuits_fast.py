@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
+from diagnostics.circuits.discovery import learn_circuits, mask_logits
+from diagnostics.circuits.gates import GateConfig
 from fedmech_flwr.models import build_model
-from test_circuits import OneConv, no_hooks, one_hot_data, state_hash
+from test_circuits import OneConv, channels, no_hooks, one_hot_data, state_hash
 
 
 def per_combination(model, x, y, cls, mask, rnd, means, position):
@@ -68,3 +72,32 @@ def test_batched_ablation_on_the_hand_built_circuit():
     assert report["circuit"]["sufficiency"]["zero"]["recall"] == 1.0
     assert report["circuit"]["necessity"]["zero"]["recall"] == 0.0
     assert set(report["circuit"]["necessity"]) == {"zero"}  # no means: no mean fill
+
+
+def test_warm_start_reproduces_the_cold_mask_on_the_hand_built_circuit():
+    model = OneConv()
+    x, y = one_hot_data()
+    cold_cfg = GateConfig(lam=0.05, steps=100, batch_size=16)
+    cold = learn_circuits(model, x, y, [0, 1, 2], cold_cfg, torch.Generator().manual_seed(1))
+    assert cold.steps == 100  # no patience: the paper's fixed number of steps
+    assert {c: channels(m, "conv") for c, m in cold.masks.items()} == {c: [k] for c, k in OneConv.CIRCUIT.items()}
+    warm_cfg = dataclasses.replace(cold_cfg, patience=5, min_steps=10)
+    for start in (cold.logits, {c: mask_logits(m, 2.0) for c, m in cold.masks.items()}):
+        warm = learn_circuits(model, x, y, [0, 1, 2], warm_cfg, torch.Generator().manual_seed(2), start=start)
+        assert all(torch.equal(warm.masks[c]["conv"], cold.masks[c]["conv"]) for c in cold.masks)
+        assert warm.steps == 10  # the mask never changes: it stops as soon as min_steps allows
+    assert no_hooks(model)
+
+
+def test_early_stopping_stops_and_never_before_min_steps():
+    model = OneConv()
+    x, y = one_hot_data()
+    cfg = GateConfig(lam=0.05, steps=300, batch_size=16, patience=10, min_steps=40)
+    found = learn_circuits(model, x, y, [0, 1, 2], cfg, torch.Generator().manual_seed(1))
+    assert 40 <= found.steps < 300
+    assert {c: channels(m, "conv") for c, m in found.masks.items()} == {c: [k] for c, k in OneConv.CIRCUIT.items()}
+    late = dataclasses.replace(cfg, min_steps=found.steps + 20)
+    assert learn_circuits(model, x, y, [0, 1, 2], late, torch.Generator().manual_seed(1)).steps == found.steps + 20
+    stable = {c: mask_logits(m, 2.0) for c, m in found.masks.items()}
+    fixed = dataclasses.replace(cfg, patience=1, min_steps=25)
+    assert learn_circuits(model, x, y, [0, 1, 2], fixed, torch.Generator().manual_seed(1), start=stable).steps == 25
