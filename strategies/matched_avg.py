@@ -135,6 +135,7 @@ def weight_matching(
     cosine similarity of its channels (all arrays it touches, their other axes permuted
     by the other groups' current permutations), until a sweep changes nothing."""
     axes = axes_of(groups)
+    reference, client = ({k: arrays[k].astype(np.float64) for k in axes} for arrays in (reference, client))
     perms = {g.name: np.arange(g.size) for g in groups}
     gains = {g.name: 0.0 for g in groups}
     for _ in range(MAX_SWEEPS):
@@ -143,13 +144,13 @@ def weight_matching(
             dot = np.zeros((group.size, group.size))
             ref_sq, client_sq = np.zeros(group.size), np.zeros(group.size)
             for name in (*group.rows, *(n for n, _ in group.columns)):
-                array = client[name].astype(np.float64)
+                array = client[name]
                 for axis, block, other in axes[name]:
                     if other is group:
                         own = (axis, block)
                     else:
                         array = _permute_axis(array, axis, block, perms[other.name])
-                r = _channels(reference[name].astype(np.float64), *own, group.size)
+                r = _channels(reference[name], *own, group.size)
                 c = _channels(array, *own, group.size)
                 dot += r @ c.T
                 ref_sq += (r * r).sum(1)
