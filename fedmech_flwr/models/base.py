@@ -99,9 +99,9 @@ class FedMechModel(nn.Module):
                      for key, value in self.get_submodule(path).state_dict().items() if value.ndim)
 
     def permutation_groups(self) -> list[ChannelGroup]:
-        """The model's channel groups, every permutable channel in one (weight matching permutes them).
-        Models carry no pruning masks (pruned weights are zeros), so permuting the weights
-        moves the sparsity pattern with them."""
+        """The model's channel groups, every permutable channel in exactly one (what
+        weight matching permutes). Models carry no pruning masks (pruned weights are
+        zeros), so permuting the weights moves the sparsity pattern with them."""
         raise NotImplementedError(f"{type(self).__name__} does not describe its channel groups (permutation_groups)")
 
     def prunable_parameters(self) -> dict[str, nn.Parameter]:
