@@ -3,6 +3,7 @@ the JSON round trip the ClientApp depends on; the registry's rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,6 @@ import yaml
 from conftest import REPO, SMOKE, smoke_config
 from fedmech_flwr import plugins
 from fedmech_flwr.config import (
-    ExperimentConfig,
     apply_overrides,
     experiment_from_json,
     load_experiment,
@@ -21,6 +21,7 @@ from fedmech_flwr.config import (
 )
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.registry import Registry
+from fedmech_flwr.typed import to_plain
 
 LOC = "experiments/smoke.yaml: "
 
@@ -37,19 +38,23 @@ def config_error(*overrides: str) -> ConfigError:
 
 # --- known answers: a valid file --------------------------------------------------------
 
-def test_smoke_file_values(smoke_cfg):
-    cfg = smoke_cfg
-    assert isinstance(cfg, ExperimentConfig)
-    assert (cfg.name, cfg.seed, cfg.device) == ("smoke", 0, "cpu")
-    assert cfg.data.dataset.name == "synthetic" and cfg.data.dataset.params.num_train == 300
-    assert cfg.data.partition.name == "dirichlet" and cfg.data.partition.params.alpha == 0.5
-    assert cfg.model.name == "simple_cnn" and cfg.model.params.channels == [4, 8]
-    assert cfg.train.lr == 0.01 and cfg.train.epochs == 2 and cfg.train.batch_size == 32
-    assert cfg.federation.num_clients == 3 and cfg.federation.num_rounds == 2
-    assert cfg.federation.clients_per_round is None and cfg.federation.on_client_failure == "fail"
-    assert cfg.pruning.target_sparsity == 0.9 and cfg.pruning.server_reprune is False
-    assert [(d.name, d.every) for d in cfg.diagnostics] == [("weight_divergence", 1)]
-    assert cfg.diagnostics[0].due(1) and cfg.diagnostics[0].due(2)
+def _leaves(tree, prefix=""):
+    """Every scalar of a nested dict/list as (dotted path, value)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else None
+    if items is None:
+        return {prefix: tree}
+    return {k: v for key, sub in items for k, v in _leaves(sub, f"{prefix}{key}.").items()}
+
+
+def test_every_file_value_reaches_the_config_and_the_rest_are_defaults(smoke_cfg):
+    """The smoke file's values are kept as written (nothing dropped, renamed or moved) and
+    every key it leaves out holds its documented default."""
+    written, resolved = _leaves(raw_smoke()), _leaves(to_plain(smoke_cfg))
+    assert {k: resolved.get(k) for k in written} == written
+    defaults = {k: v for k, v in resolved.items() if k not in written}
+    assert defaults["federation.on_client_failure."] == "fail" and defaults["train.max_samples_per_round."] is None
+    assert defaults["data.dataset.channels."] == 1 and defaults["diagnostics.0.per_layer."] is True
+    assert smoke_cfg.diagnostics[0].due(1) and smoke_cfg.diagnostics[0].due(2)
 
 
 def test_float_written_1e_minus_3_is_accepted():
@@ -319,6 +324,6 @@ def test_registry_entry_default_config_has_no_params():
     reg.register("x")(lambda: None)
     from fedmech_flwr.typed import parse_dataclass
 
-    assert parse_dataclass(reg.get("x").config_cls, {}, "w") is not None
+    assert dataclasses.fields(parse_dataclass(reg.get("x").config_cls, {}, "w")) == ()
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['p'\]; allowed keys: \(none\)"):
         parse_dataclass(reg.get("x").config_cls, {"p": 1}, "w")
