@@ -1,17 +1,19 @@
-"""Local training throughput inside a real Flower simulation vs a plain PyTorch loop.
+"""Local training throughput: the engine against a bare PyTorch loop, and in Flower.
 
 Runs, in one invocation and one after the other on the same machine:
 
-1. a plain PyTorch loop: the experiment's model, pruning, optimiser, batch size and torch
-   thread count, over the same client's data (``train_epochs``, the engine clients use);
+1. the project's engine (``train_epochs`` with its magnitude pruner) and a bare PyTorch
+   loop written here (its own SimpleCNN, Adam step and magnitude pruning; no project
+   code), alternated, on the same client's data, batch size, optimiser and torch threads;
 2. the same experiment through ``fedmech run`` (real ``flwr run``, Ray, one client).
 
-and prints samples/s for each and their ratios. Two in-Flower figures are given: the
-client's own loop (measured inside the Ray actor), and the whole train round as the
-server sees it (sending the model, client set-up, training, the reply), median over the
-rounds after the first (the first round also decodes the dataset in the actor).
+and prints samples/s for each and the ratios: the engine over the bare loop, and each
+in-Flower figure over the engine. Two in-Flower figures are given: the client's own loop
+(measured inside the Ray actor), and the whole train round as the server sees it
+(sending the model, client set-up, training, the reply), median over the rounds after
+the first (the first round also decodes the dataset in the actor).
 
-    python benchmarks/throughput.py [--samples 3000] [--rounds 4]
+    python benchmarks/throughput.py [--samples 3000] [--rounds 4] [--repeats 4] [--skip-flower]
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "benchmarks" / "throughput.yaml"
 
 
-def plain_loop(overrides: list[str], repeats: int) -> float:
+def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
+    """samples/s of the project's engine (``train_epochs`` with its pruner) and of
+    ``bare_loop``, alternated on the same data, model, batch, optimiser and threads; medians
+    over the repeats after the first (a warm-up)."""
     from fedmech_flwr import plugins
     from fedmech_flwr.config import load_experiment
     from fedmech_flwr.experiment import client_partitions, load_data, new_model
@@ -42,7 +49,7 @@ def plain_loop(overrides: list[str], repeats: int) -> float:
     torch.set_num_threads(cfg.simulation.cpus_per_client)
     bundle = load_data(cfg)
     idx = torch.from_numpy(client_partitions(cfg, bundle)[0])
-    rates = []
+    engine, bare = [], []
     for r in range(repeats):
         generator = seed_everything(cfg.seed, 0, r)
         sub = idx[torch.randperm(len(idx), generator=generator)[: cfg.train.max_samples_per_round]]
@@ -50,8 +57,42 @@ def plain_loop(overrides: list[str], repeats: int) -> float:
         model = new_model(cfg, bundle)
         pruner = MagnitudePruner(model, cfg.pruning, total_steps=local_steps(len(x), cfg.train))
         stats = train_epochs(model, x, y, cfg.train, generator, torch.nn.functional.cross_entropy, pruner)
-        rates.append(stats.samples_per_s)
-    return statistics.median(rates[1:] if len(rates) > 1 else rates)
+        engine.append(stats.samples_per_s)
+        bare.append(bare_loop(x, y, cfg.model.params.channels, bundle.num_classes, cfg.train.epochs, cfg.train.batch_size,
+                              cfg.train.lr, cfg.pruning.target_sparsity, cfg.pruning.ramp_fraction, generator))
+    keep = slice(1, None) if repeats > 1 else slice(None)
+    return statistics.median(engine[keep]), statistics.median(bare[keep])
+
+
+def bare_loop(x: torch.Tensor, y: torch.Tensor, channels: list[int], num_classes: int, epochs: int, batch_size: int,
+              lr: float, sparsity: float, ramp_fraction: float, generator: torch.Generator) -> float:
+    """samples/s of a loop written with nothing but PyTorch: the SimpleCNN (conv3x3-ReLU-
+    maxpool blocks, a linear head), Adam, and after every step each conv layer pruned by
+    magnitude to the cubic schedule's sparsity (the head left dense, as the engine does)."""
+    layers, width, side = [], x.shape[1], x.shape[2]
+    for c in channels:
+        layers += [nn.Conv2d(width, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        width, side = c, side // 2
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(width * side * side, num_classes))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    convs = [m.weight for m in model if isinstance(m, nn.Conv2d)]
+    ramp = ramp_fraction * epochs * -(-len(x) // batch_size)
+    step, start = 0, time.perf_counter()
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for i in range(0, len(x), batch_size):
+            idx = order[i : i + batch_size]
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            target = sparsity * (1 - (1 - min(1.0, step / ramp)) ** 3) if ramp else sparsity
+            with torch.no_grad():
+                for w in convs:
+                    if (k := round(target * w.numel())) > 0:
+                        w.masked_fill_(w.abs() <= w.abs().flatten().kthvalue(k).values, 0.0)
+    return epochs * len(x) / (time.perf_counter() - start)
 
 
 def in_flower(overrides: list[str]) -> tuple[float, float]:
@@ -72,17 +113,22 @@ def in_flower(overrides: list[str]) -> tuple[float, float]:
     return loop, whole
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=3000, help="local samples per round")
     parser.add_argument("--rounds", type=int, default=4, help="Flower rounds (the first is excluded)")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=4, help="engine and bare runs, alternated (the first excluded)")
+    parser.add_argument("--skip-flower", action="store_true", help="only the engine against the bare loop")
+    args = parser.parse_args(argv)
     overrides = [f"train.max_samples_per_round={args.samples}", f"federation.num_rounds={args.rounds}"]
     os.environ.setdefault("FEDMECH_OUT", tempfile.gettempdir())
-    plain = plain_loop(overrides, repeats=3)
-    loop, whole = in_flower(overrides)
+    plain, bare = engine_vs_bare(overrides, repeats=args.repeats)
     print(f"{'measurement':<48}{'samples/s':>12}{'ratio':>9}")
-    print(f"{'plain PyTorch loop':<48}{plain:>12.1f}{1.0:>9.3f}")
+    print(f"{'bare PyTorch loop (no project code)':<48}{bare:>12.1f}{1.0:>9.3f}")
+    print(f"{'the engine outside Flower (train_epochs)':<48}{plain:>12.1f}{plain / bare:>9.3f}")
+    if args.skip_flower:
+        return
+    loop, whole = in_flower(overrides)
     print(f"{'in Flower: client training loop (Ray actor)':<48}{loop:>12.1f}{loop / plain:>9.3f}")
     print(f"{'in Flower: whole train round (server view)':<48}{whole:>12.1f}{whole / plain:>9.3f}")
 

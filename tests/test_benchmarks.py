@@ -1,0 +1,49 @@
+"""Every benchmark runs at a tiny size (a smoke test: nothing here gates on time)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY = ["--set", "data.dataset={name: synthetic, num_train: 300, num_test: 100, num_classes: 4, image_size: 12}",
+        "--set", "model.channels=[4, 8]", "--set", "federation.num_clients=3", "--set", "train.epochs=1",
+        "--set", "device=cpu", "--set", "data.partition={name: iid}"]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def last_column(out: str) -> list[float]:
+    """The ratio column of a benchmark's table rows (after the header)."""
+    return [float(line.split()[-1]) for line in out.strip().splitlines()[1:]]
+
+
+def test_circuits_round(capsys):
+    load("circuits_round").main(["--rounds", "2", *TINY, "--set",
+                                 "diagnostics=[{name: circuits, gates: {steps: 20, batch_size: 16, patience: 3, "
+                                 "min_steps: 5}, min_class_samples: 5, ablation_samples: 40}]"])
+    ratios = last_column(capsys.readouterr().out)
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
+def test_misalignment_round(capsys):
+    load("misalignment_round").main([*TINY, "--set", "data.audit_per_class=10", "--set",
+                                     "diagnostics=[{name: misalignment, head_samples: 20, client_stats: [ncm, ccvr]}]"])
+    (ratio,) = last_column(capsys.readouterr().out)
+    assert ratio > 0
+
+
+@pytest.mark.integration
+def test_throughput_engine_against_the_bare_loop(capsys):
+    load("throughput").main(["--samples", "128", "--repeats", "2", "--skip-flower"])
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [row.split("  ")[0] for row in rows] == ["bare PyTorch loop (no project code)",
+                                                    "the engine outside Flower (train_epochs)"]
+    assert all(float(row.split()[-1]) > 0 for row in rows)
