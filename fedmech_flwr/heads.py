@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import largest_predicted_class, recall
+from fedmech_flwr.training import channels_last, channels_last_copy, largest_predicted_class, recall
 
 Covariance = Literal["diagonal", "full"]
 
@@ -40,7 +40,7 @@ def features_at(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Frozen penultimate features of ``x`` and the outputs of the gated ``layers``
     (averaged over space when a feature map), all from one forward pass. Float32, ``[N, D]``."""
-    model.eval()
+    model = channels_last_copy(model).eval()
     captured: dict[str, list[Tensor]] = {name: [] for name in layers}
 
     def keep(name: str):
@@ -51,7 +51,8 @@ def features_at(
 
     handles = [model.layer_module(name).register_forward_hook(keep(name)) for name in captured]
     try:
-        chunks = [model.forward_features(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)]
+        chunks = [model.forward_features(channels_last(x[i : i + batch_size])).float()
+                  for i in range(0, len(x), batch_size)]
     finally:
         for handle in handles:
             handle.remove()

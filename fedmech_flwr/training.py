@@ -6,6 +6,7 @@ per-sample transforms run in the loop.
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -31,6 +32,18 @@ def resolve_device(choice: str) -> torch.device:
     if choice in ("auto", "cuda") and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def channels_last_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its conv weights in channels-last layout, for passes that do
+    not train it (diagnostics): on CPUs oneDNN runs these convolutions about 1.2x (forward
+    and backward) to 1.8x (forward only) faster. The copy leaves the model untouched."""
+    return copy.deepcopy(model).to(memory_format=torch.channels_last)
+
+
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    """Images [N, C, H, W] in channels-last layout (other tensors as they are)."""
+    return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
 
 
 def seed_everything(*parts: int) -> torch.Generator:

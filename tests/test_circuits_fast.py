@@ -77,7 +77,7 @@ def test_batched_ablation_on_the_hand_built_circuit():
 def test_warm_start_reproduces_the_cold_mask_on_the_hand_built_circuit():
     model = OneConv()
     x, y = one_hot_data()
-    cold_cfg = GateConfig(lam=0.05, steps=100, batch_size=16)
+    cold_cfg = GateConfig(lam=0.05, steps=100, batch_size=16, patience=None)
     cold = learn_circuits(model, x, y, [0, 1, 2], cold_cfg, torch.Generator().manual_seed(1))
     assert cold.steps == 100  # no patience: the paper's fixed number of steps
     assert {c: channels(m, "conv") for c, m in cold.masks.items()} == {c: [k] for c, k in OneConv.CIRCUIT.items()}
@@ -101,3 +101,17 @@ def test_early_stopping_stops_and_never_before_min_steps():
     stable = {c: mask_logits(m, 2.0) for c, m in found.masks.items()}
     fixed = dataclasses.replace(cfg, patience=1, min_steps=25)
     assert learn_circuits(model, x, y, [0, 1, 2], fixed, torch.Generator().manual_seed(1), start=stable).steps == 25
+
+
+def test_each_class_stops_on_its_own_so_vectorised_still_equals_class_by_class(trained_cnn):
+    model, data = trained_cnn
+    x, y = data.x_train, data.y_train
+    cfg = GateConfig(lam=0.05, lr=0.2, steps=120, batch_size=32, patience=5, min_steps=10)
+    together = learn_circuits(model, x, y, [0, 1, 2, 3], cfg, torch.Generator().manual_seed(5))
+    alone = [learn_circuits(model, x, y, [c], dataclasses.replace(cfg, batch_size=8), torch.Generator().manual_seed(5))
+             for c in range(4)]
+    assert together.steps == max(a.steps for a in alone) and min(a.steps for a in alone) < 120
+    for c, a in enumerate(alone):
+        for layer in model.gated_layers():
+            assert torch.equal(a.masks[c][layer], together.masks[c][layer]), (c, layer)
+            assert torch.allclose(a.logits[c][layer], together.logits[c][layer], atol=1e-5), (c, layer)

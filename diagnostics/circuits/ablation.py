@@ -24,7 +24,7 @@ from diagnostics.circuits.discovery import frozen
 from diagnostics.circuits.gates import Position, gate_point, patched, resolve_layers
 from diagnostics.circuits.metrics import MaskLike, circuit_size, to_bools
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import largest_predicted_class
+from fedmech_flwr.training import channels_last, channels_last_copy, largest_predicted_class
 
 Mode = Literal["sufficiency", "necessity"]
 Fill = Literal["zero", "mean"]
@@ -202,6 +202,7 @@ def predict_groups(
     """
     device = next(model.parameters()).device
     sizes = model.gated_layers()
+    model = channels_last_copy(model)
     names = [name for name in sizes if any(name in g for g in groups)]
     keep = {name: torch.stack([g[name][0] if name in g else torch.ones(sizes[name], dtype=torch.bool)
                                for g in groups]).to(device) for name in names}
@@ -212,7 +213,7 @@ def predict_groups(
     base, preds = [], []
     with frozen(model), torch.inference_mode():
         for xb in x.split(per_image_batch):
-            xb = xb.to(device)
+            xb = channels_last(xb.to(device))
             first: list[Tensor] = []
 
             def keep_first(out: Tensor) -> Tensor:
@@ -225,8 +226,8 @@ def predict_groups(
             for lo in range(0, len(groups), per_pass):
                 k = min(per_pass, len(groups) - lo)
                 edits = {name: _group_replacer(keep[name][lo : lo + k], value[name][lo : lo + k]) for name in names}
-                with _replayed(gate_point(model, names[0], position), first[0].repeat(k, *[1] * (xb.ndim - 1))), \
-                        patched(model, edits, position):
+                replay = channels_last(first[0].repeat(k, *[1] * (first[0].ndim - 1)))
+                with _replayed(gate_point(model, names[0], position), replay), patched(model, edits, position):
                     rows.append(model(xb.repeat(k, *[1] * (xb.ndim - 1))).argmax(dim=1).view(k, -1).cpu())
             preds.append(torch.cat(rows) if rows else torch.zeros(0, len(xb), dtype=torch.long))
     baseline = torch.cat(base) if base else torch.zeros(0, dtype=torch.long)
@@ -279,10 +280,11 @@ def _predict(
 ) -> Tensor:
     """argmax predictions [N] (CPU) of the model with ``edits`` applied, in batches."""
     device = next(model.parameters()).device
+    model = channels_last_copy(model)
     preds = []
     with frozen(model), torch.inference_mode(), patched(model, edits, position):
         for batch in x.split(batch_size):
-            preds.append(model(batch.to(device)).argmax(dim=1).cpu())
+            preds.append(model(channels_last(batch.to(device))).argmax(dim=1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
 

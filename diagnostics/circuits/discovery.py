@@ -12,7 +12,13 @@ seeded from (base seed, class), where the base seed is drawn once from the calle
 generator; it draws the class's samples (without replacement, or with it when it has
 fewer) and, for hard-concrete, its gate noise. So, for equal generator states,
 ``discover_circuits`` over K classes with ``batch_size`` B finds exactly what
-``discover_one_class`` finds class by class with ``batch_size`` ceil(B / K).
+``discover_one_class`` finds class by class with ``batch_size`` ceil(B / K); with early
+stopping (``patience``) too, since each class stops on its own mask.
+
+Speed: each class leaves the batch when it stops early; the passes run on a channels-last
+copy of the model (about 1.2x faster on CPUs; the model itself is never touched).
+``learn_circuits(start=...)`` warm-starts from earlier gate logits; the diagnostic does
+not use it (see ``diagnostics.circuits.diagnostic``: a warm start keeps the start's mask).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from diagnostics.circuits.gates import (
     ste_gate,
 )
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.training import channels_last, channels_last_copy
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -157,11 +164,13 @@ def _learn_gates(
 
     A step runs the classes in chunks of at most ``cfg.max_batch`` samples and sums their
     gradients before the update. Rows are independent, so chunking changes nothing but
-    memory and speed. With ``cfg.patience``, stops once no row's hard mask has changed for
-    that many steps, never before ``cfg.min_steps``.
+    memory and speed. With ``cfg.patience``, a row stops (keeps its logits, leaves the
+    batch) once its hard mask has not changed for that many steps, never before
+    ``cfg.min_steps``; the steps returned are those of the last row to stop.
     """
     device = next(model.parameters()).device
     sizes = model.gated_layers()
+    model = channels_last_copy(model)
     base_seed = int(torch.randint(2**62, (1,), generator=generator))
     class_generators = [
         torch.Generator().manual_seed(int(np.random.SeedSequence([base_seed, c]).generate_state(1)[0]))
@@ -175,24 +184,34 @@ def _learn_gates(
     optimizer = torch.optim.Adam(logits.values(), lr=cfg.lr)
     per_class = per_class_batch(cfg.batch_size, len(classes))
     per_chunk = max(1, cfg.max_batch // per_class)
-    chunks = [range(lo, min(lo + per_chunk, len(classes))) for lo in range(0, len(classes), per_chunk)]
-    began = time.perf_counter()
-    masks, unchanged, step = _hard(logits, cfg), 0, 0
+    active, unchanged, held = list(range(len(classes))), [0] * len(classes), _hard(logits, cfg)
+    stopped: dict[str, Tensor] = {name: g.detach().clone() for name, g in logits.items()}
+    began, step = time.perf_counter(), 0
     with frozen(model), torch.enable_grad():
-        while step < cfg.steps:
+        while active and step < cfg.steps:
             optimizer.zero_grad(set_to_none=True)
             loss = sum(
-                _chunk_loss(model, x, pools, classes, class_generators, logits, chunk, per_class, cfg, device)
-                for chunk in chunks
+                _chunk_loss(model, x, pools, classes, class_generators, logits, active[lo : lo + per_chunk], per_class,
+                            cfg, device)
+                for lo in range(0, len(active), per_chunk)
             )
             optimizer.step()
             step += 1
-            if cfg.patience is not None:
-                now = _hard(logits, cfg)
-                unchanged = unchanged + 1 if all(torch.equal(now[n], masks[n]) for n in names) else 0
-                masks = now
-                if step >= cfg.min_steps and unchanged >= cfg.patience:
-                    break
+            if cfg.patience is None:
+                continue
+            done = [row for row in range(len(classes)) if row not in active]
+            now = _hard(logits, cfg)
+            with torch.no_grad():
+                for name, g in logits.items():
+                    g[done] = stopped[name][done]  # Adam's momentum would still move a stopped row
+            for row in list(active):
+                same = all(torch.equal(now[name][row], held[name][row]) for name in names)
+                unchanged[row] = unchanged[row] + 1 if same else 0
+                if step >= cfg.min_steps and unchanged[row] >= cfg.patience:
+                    active.remove(row)
+                    for name, g in logits.items():
+                        stopped[name][row] = g.detach()[row]
+            held = now
     log.debug(
         "circuits of classes %s: %d steps in %.2fs, final loss %.4f",
         classes, step, time.perf_counter() - began, loss,
@@ -211,7 +230,7 @@ def _chunk_loss(
     classes: list[int],
     class_generators: list[torch.Generator],
     logits: dict[str, Tensor],
-    chunk: range,
+    chunk: list[int],
     n: int,
     cfg: GateConfig,
     device: torch.device,
@@ -224,10 +243,10 @@ def _chunk_loss(
         if cfg.kind == "hard_concrete":
             for name, g in logits.items():
                 noise[name].append(torch.rand(n, g.shape[1], generator=class_generators[row]))
-    xb = x[torch.cat(picks).to(x.device)].to(device)
+    xb = channels_last(x[torch.cat(picks).to(x.device)].to(device))
     rows = torch.arange(len(chunk), device=device).repeat_interleave(n)
     targets = torch.tensor([classes[row] for row in chunk], device=device).repeat_interleave(n)
-    own = {name: g[chunk.start : chunk.stop] for name, g in logits.items()}
+    own = {name: g[chunk] for name, g in logits.items()}
     if cfg.kind == "ste":
         values = {name: ste_gate(g)[rows] for name, g in own.items()}
     else:
