@@ -29,11 +29,14 @@ CLIENTS: Registry[type[FedMechClient]] = Registry("client")
 
 @dataclass
 class ClientData:
-    """One client's shard, as tensors on the training device."""
+    """One client's data (a shard, or a node's own), as tensors on the training device."""
 
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+    """A validation split that a node brought with its own data (never from a shard)."""
 
 
 class FedMechClient(NumPyClient):

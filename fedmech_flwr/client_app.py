@@ -1,14 +1,22 @@
 """The Flower ClientApp: a thin Message-API adapter around the experiment's NumPyClient.
 
 Flower's current strategies speak the Message API, the user's clients are NumPyClients.
-For each train message this adapter rebuilds the client's shard from its partition-id,
-converts the global ``ArrayRecord`` to a NumPy list in ``state_dict`` order, calls the
+A node trains on one of two kinds of data, chosen by its ``--node-config``:
+
+- ``partition-id=I num-partitions=N``: shard I of the experiment's dataset, rebuilt from
+  the whole dataset, the seed and I (the simulation, and nodes that hold the dataset);
+- ``data-path=PATH`` (and optionally ``node-name=NAME``): its own data, an .npz or an image
+  folder tree (``node_data``), checked against the experiment when the server first asks
+  who the node is, before any round; bad data is refused there with the reason.
+
+For each train message this adapter builds the client's data, converts the global ``ArrayRecord`` to a NumPy list in ``state_dict`` order, calls the
 client's ``fit``, runs the due client-side diagnostics, and replies with:
 
 - ``arrays``: the trained weights (ArrayRecord, same names as the global model);
 - ``metrics``: ``num-examples`` and the client's numeric metrics (MetricRecord; the
   strategy averages these);
-- ``report``: ``partition-id``, ``details`` (a JSON string with per-client values that
+- ``report``: ``partition-id`` (the client's id: a shard node's partition-id, or the id the
+  server gave an own-data node), ``details`` (a JSON string with per-client values that
   must not be averaged: per-class accuracy, per-layer sparsity) and the client-side
   diagnostic results (see ``hooks.encode_results``).
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import torch
@@ -40,13 +49,22 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.heads import class_stats, features
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
-from fedmech_flwr.protocol import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY
+from fedmech_flwr.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
+from fedmech_flwr.protocol import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
 from fedmech_flwr.strategy import CLASS_STATS_ACTION
-from fedmech_flwr.training import resolve_device
+from fedmech_flwr.training import evaluate, resolve_device
+
+log = logging.getLogger(__name__)
 
 app = ClientApp()
 
+DATA_PATH = "data-path"
+"""node-config key: the node's own data (an .npz or an image folder tree)."""
+NODE_NAME = "node-name"
+"""node-config key: the stable name an own-data node is known by (default: its node id)."""
+
 _CONFIGS: dict[str, ExperimentConfig] = {}
+_NODE_DATA: dict[tuple[str, str], NodeData] = {}
 
 
 def _config(text: str) -> ExperimentConfig:
@@ -65,6 +83,40 @@ def _partition(context: Context) -> tuple[int, int]:
             "this SuperNode has no partition-id/num-partitions; start it with "
             "--node-config 'partition-id=I num-partitions=N'"
         ) from err
+
+
+def node_key(context: Context) -> str:
+    """The name an own-data node is sampled and recorded by: ``node-name`` from its
+    node-config, else its node id (under SuperNode auth, tied to its registered key)."""
+    return str(context.node_config.get(NODE_NAME) or f"node-{context.node_id}")
+
+
+def own_data(context: Context, spec_json: str) -> NodeData | None:
+    """This node's own data checked against the experiment (read once per process), or
+    None for a shard node. Bad data is refused with a ``NodeDataError`` that names the
+    node, and logged on the node's console."""
+    if DATA_PATH not in context.node_config:
+        return None
+    if "partition-id" in context.node_config:
+        raise ConfigError(f"node '{node_key(context)}' has both data-path and partition-id in its node-config; "
+                          "give data-path (its own data) or partition-id/num-partitions (a shard), not both")
+    key = (str(context.node_config[DATA_PATH]), spec_json)
+    if key not in _NODE_DATA:
+        try:
+            _NODE_DATA[key] = load_node_data(key[0], NodeDataSpec.from_json(spec_json))
+        except NodeDataError as err:
+            log.error("node '%s' refuses to take part: %s", node_key(context), err)
+            raise NodeDataError(f"node '{node_key(context)}': {err}") from None
+    return _NODE_DATA[key]
+
+
+def _client_id(config: ConfigRecord, context: Context) -> int:
+    """The id the server gave this own-data node when it joined (``CLIENT_IDS_KEY``)."""
+    ids = json.loads(str(config[CLIENT_IDS_KEY]))
+    if str(context.node_id) not in ids:
+        raise RuntimeError(f"the server gave node '{node_key(context)}' (node id {context.node_id}) no client id: "
+                           "it was refused before the first round (see the run's failure records)")
+    return int(ids[str(context.node_id)])
 
 
 def node_dataset(cfg: ExperimentConfig, node_config: dict[str, Any]) -> ExperimentConfig:
@@ -95,23 +147,34 @@ def _decode(value: Any) -> Any:
 
 
 def _setup(msg: Message, context: Context):
-    """The config, round, partition-id, device, data shard and a fresh model for ``msg``."""
+    """The config, round, client id, device, data and a fresh model for ``msg``."""
     config = msg.content["config"]
     cfg = node_dataset(_config(str(config[CONFIG_KEY])), context.node_config)
+    torch.set_num_threads(cfg.simulation.cpus_per_client)
+    device = resolve_device(cfg.device)
+    server_round = int(config["server-round"])
+    if own := own_data(context, str(config.get(DATA_SPEC_KEY, ""))):
+        spec = NodeDataSpec.from_json(str(config[DATA_SPEC_KEY]))
+        val = (own.x_val.to(device), own.y_val.to(device)) if own.x_val is not None else (None, None)
+        data = ClientData(own.x.to(device), own.y.to(device), own.num_classes, *val)
+        return cfg, server_round, _client_id(config, context), device, data, new_model(cfg, spec, device)
     pid, total = _partition(context)
     if total != cfg.federation.num_clients:
         raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
-    torch.set_num_threads(cfg.simulation.cpus_per_client)
-    device = resolve_device(cfg.device)
     bundle = load_data(cfg)
     idx = torch.from_numpy(client_partitions(cfg, bundle)[pid])
     data = ClientData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle.num_classes)
-    return cfg, int(config["server-round"]), pid, device, data, new_model(cfg, bundle, device)
+    return cfg, server_round, pid, device, data, new_model(cfg, bundle, device)
 
 
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (it samples by partition-id)."""
+    """Tell the server who this node is: the partition it holds, or, for a node with its
+    own data, its key and that data's label histogram and sample count (nothing more
+    about the data leaves the node), once the data passed the experiment's checks."""
+    if own := own_data(context, str(msg.content["config"][DATA_SPEC_KEY])):
+        info = MetricRecord({"num-samples": len(own.y), "label-histogram": own.label_histogram})
+        return Message(RecordDict({"node": info, "name": ConfigRecord({"node-key": node_key(context)})}), reply_to=msg)
     pid, total = _partition(context)
     return Message(RecordDict({"node": MetricRecord({"partition-id": pid, "num-partitions": total})}), reply_to=msg)
 
@@ -132,6 +195,9 @@ def train(msg: Message, context: Context) -> Message:
 
     numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}
+    if data.x_val is not None:  # a node's own validation split: its numbers are the node's alone, never averaged
+        val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
+        details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
     ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device)
     results = {}
     for spec in cfg.diagnostics:

@@ -58,6 +58,46 @@ CIFAR10_KEYS = ("x_train", "y_train", "x_test", "y_test")
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
+@dataclass(frozen=True)
+class Pixels:
+    """How a dataset's stored pixels become its tensors, so that data brought by an edge
+    node (``node_data``) is normalised exactly as the dataset's own shards are.
+
+    ``uint8``: values 0..255, divided by 255, then normalised per channel with ``mean`` and
+    ``std`` (the image datasets). ``float32``: the values as the dataset's tensors hold them
+    (``synthetic``, which has no pixel form).
+    """
+
+    dtype: str = "float32"
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    def to_tensor(self, x: np.ndarray) -> torch.Tensor:
+        """Images [N, H, W] or [N, H, W, C] of ``dtype`` -> float32 [N, C, H, W], in the
+        dataset's memory layout (a different one could pick other conv kernels, and so
+        other rounding)."""
+        if x.ndim == 4 and x.shape[3] == 1:
+            x = x[..., 0]
+        if self.dtype == "uint8":
+            return _normalise(x, self.mean, self.std)
+        t = torch.from_numpy(x)
+        t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+        return t.clone(memory_format=torch.contiguous_format)  # torch's own (aligned) memory, as the dataset's
+
+    def from_tensor(self, x: torch.Tensor) -> np.ndarray:
+        """The stored pixels [N, H, W, C] of tensors ``x`` (inverse of ``to_tensor``);
+        a ValueError if they do not map back bitwise (``x`` was not made by ``to_tensor``)."""
+        t = x.detach().cpu()
+        if self.dtype == "uint8":
+            shape = (1, -1, 1, 1)
+            t = (t * torch.tensor(self.std).view(shape) + torch.tensor(self.mean).view(shape)) * 255.0
+            t = t.round().clamp(0, 255).to(torch.uint8)
+        pixels = t.permute(0, 2, 3, 1).contiguous().numpy()
+        if not torch.equal(self.to_tensor(pixels), x.detach().cpu()):
+            raise ValueError("these tensors are not the dataset's normalised pixels: they do not map back bitwise")
+        return pixels
+
+
 @dataclass(frozen=True, eq=False)
 class DatasetBundle:
     """A dataset split into train and test tensors, already normalised."""
@@ -71,6 +111,8 @@ class DatasetBundle:
     y_test: torch.Tensor = field(repr=False)
     num_classes: int
     class_names: tuple[str, ...]
+    pixels: Pixels = Pixels()
+    """How stored pixels became ``x_train`` / ``x_test`` (and become a node's own data)."""
 
     @property
     def in_channels(self) -> int:
@@ -222,6 +264,7 @@ def _bundle(
         y_test=torch.from_numpy(y_test.astype(np.int64)),
         num_classes=len(class_names),
         class_names=tuple(class_names),
+        pixels=Pixels("uint8", tuple(mean), tuple(std)),
     )
     n_train, n_test, shape = len(bundle.y_train), len(bundle.y_test), bundle.x_train.shape[1:]
     log.info("%s: %d train / %d test images of shape %s", name, n_train, n_test, tuple(shape))
@@ -462,8 +505,11 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
 
     x_train, y_train = sample(cfg.num_train)
     x_test, y_test = sample(cfg.num_test)
-    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
-    std = x_train.std(dim=(0, 2, 3), keepdim=True)
+    # NumPy's single-threaded float64 sums: torch's parallel float32 reductions differ with
+    # the thread count, and a client (1 thread) must see the samples the server does.
+    plain = x_train.numpy().astype(np.float64)
+    mean = torch.from_numpy(plain.mean(axis=(0, 2, 3), keepdims=True).astype(np.float32))
+    std = torch.from_numpy(plain.std(axis=(0, 2, 3), ddof=1, keepdims=True).astype(np.float32))
     return DatasetBundle(
         name="synthetic",
         x_train=(x_train - mean) / std,

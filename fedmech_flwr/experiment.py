@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
 from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key, to_plain
+
+if TYPE_CHECKING:
+    from fedmech_flwr.node_data import NodeDataSpec
 
 _PARTITIONS: dict[str, list[np.ndarray]] = {}
 
@@ -125,8 +128,9 @@ def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -
     return _PARTITIONS[key]
 
 
-def new_model(cfg: ExperimentConfig, bundle: DatasetBundle, device: torch.device | str = "cpu") -> FedMechModel:
-    """The model of this experiment; weights are seeded by ``cfg.seed``."""
+def new_model(cfg: ExperimentConfig, bundle: DatasetBundle | NodeDataSpec, device: torch.device | str = "cpu") -> FedMechModel:
+    """The model of this experiment for ``bundle``'s images and classes (a node with its
+    own data knows them from the server's ``NodeDataSpec``); weights are seeded by ``cfg.seed``."""
     seed_everything(cfg.seed)
     model = build_model(
         cfg.model.name,

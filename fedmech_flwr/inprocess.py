@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -34,20 +35,23 @@ _FIRST_CLIENT_NODE_ID = 1000
 
 
 class InProcessGrid(Grid):
-    """A Grid whose nodes are ClientApp calls with per-node Contexts (partition-id i)."""
+    """A Grid whose nodes are ClientApp calls with per-node Contexts: node i's
+    node-config is ``node_configs[i]`` (default: partition-id i of ``num_nodes``)."""
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1,
+                 node_configs: list[dict[str, Any]] | None = None) -> None:
         self.client_app = client_app
         self._run = Run.create_empty(run_id)
+        node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.contexts = {
             _FIRST_CLIENT_NODE_ID + i: Context(
                 run_id=run_id,
                 node_id=_FIRST_CLIENT_NODE_ID + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config=dict(node_configs[i]),
                 state=RecordDict(),
                 run_config={},
             )
-            for i in range(num_nodes)
+            for i in range(len(node_configs))
         }
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = SERVER_NODE_ID
@@ -89,9 +93,11 @@ class InProcessGrid(Grid):
         return replies
 
 
-def run_in_process(cfg: ExperimentConfig, out: str | Path, client_app: ClientApp | None = None) -> Path:
-    """Run ``cfg`` with its ClientApp in this process; return the run folder."""
-    return run_experiment(_grid(cfg, client_app), cfg, out=str(out))
+def run_in_process(cfg: ExperimentConfig, out: str | Path, client_app: ClientApp | None = None,
+                   node_configs: list[dict[str, Any]] | None = None) -> Path:
+    """Run ``cfg`` with its ClientApp in this process; return the run folder. ``node_configs``:
+    one node-config per node (e.g. ``{"data-path": ...}``), default partition-ids."""
+    return run_experiment(_grid(cfg, client_app, node_configs), cfg, out=str(out))
 
 
 def resume_in_process(run_dir: str | Path, client_app: ClientApp | None = None) -> Path:
@@ -100,7 +106,8 @@ def resume_in_process(run_dir: str | Path, client_app: ClientApp | None = None) 
     return run_experiment(_grid(cfg, client_app), cfg, run_dir=str(run_dir), resume=True)
 
 
-def _grid(cfg: ExperimentConfig, client_app: ClientApp | None) -> InProcessGrid:
+def _grid(cfg: ExperimentConfig, client_app: ClientApp | None,
+          node_configs: list[dict[str, Any]] | None = None) -> InProcessGrid:
     from fedmech_flwr.client_app import app as default_client_app
 
-    return InProcessGrid(client_app or default_client_app, cfg.federation.num_clients)
+    return InProcessGrid(client_app or default_client_app, cfg.federation.num_clients, node_configs=node_configs)

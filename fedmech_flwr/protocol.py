@@ -2,9 +2,13 @@
 
 ``RoundProtocol`` adds, around whatever strategy the experiment names:
 
-- sampling by partition-id with a seeded RNG (Flower samples node IDs, which are random
+- node discovery (``discover_nodes``): every node is a client with a stable id, its
+  partition-id (a shard node) or, for a node with its own data, one of the ids left over,
+  given in the order of the nodes' keys (``node-name``, else the node id); a node whose
+  data fails the experiment's checks is refused before the first round;
+- sampling by client id with a seeded RNG (Flower samples node IDs, which are random
   per run); the inner strategy is offered only the sampled nodes and trains all of them;
-- aggregation in partition-id order (bitwise-reproducible sums);
+- aggregation in client-id order (bitwise-reproducible sums);
 - the failed-client policy (``fail`` the run, or ``continue`` with at least N replies),
   always written to the per-round log; a client fails when it raises, does not reply
   within ``round_timeout_s`` or sends NaN/Inf weights (dropped before aggregation, so
@@ -49,6 +53,12 @@ CONFIG_KEY = "fedmech-config"
 """ConfigRecord key holding the resolved experiment config as JSON (sent to clients)."""
 DIAGNOSE_ACTION = "diagnose"
 """``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
+DATA_SPEC_KEY = "fedmech-data-spec"
+"""ConfigRecord key holding what a node's own data must match (``NodeDataSpec`` as JSON)."""
+CLIENT_IDS_KEY = "fedmech-client-ids"
+"""ConfigRecord key holding ``{node_id: client_id}`` as JSON (own-data nodes learn their id)."""
+SHARD, NODE_PROVIDED = "shard", "node-provided"
+"""Where a client's data comes from (``NodeInfo.source``, partitions.json ``source``)."""
 
 
 RAISED_CODES = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRASHED, ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
@@ -90,11 +100,48 @@ def query_nodes(
     return grid.send_and_receive(messages, timeout=timeout)
 
 
-def discover_partitions(grid: Grid, expected: int, timeout: float) -> dict[int, int]:
-    """Ask every node for its partition-id; return ``{partition_id: node_id}``.
+@dataclass(frozen=True)
+class NodeInfo:
+    """One client of the run: its node and where its data comes from."""
 
-    Waits until ``expected`` nodes are connected. Fails clearly when the federation
-    does not match the experiment (wrong node count, duplicate or missing partitions).
+    node_id: int
+    source: str
+    """``SHARD`` (a partition of the experiment's dataset) or ``NODE_PROVIDED``."""
+    name: str = ""
+    """An own-data node's key (``node-name``, else ``node-<id>``)."""
+    num_samples: int = 0
+    label_histogram: tuple[int, ...] = ()
+    """What an own-data node reported of its data (a shard's are known to the server)."""
+
+
+@dataclass
+class Roster:
+    """The federation as discovered before the first round."""
+
+    clients: dict[int, NodeInfo]
+    """Client id -> node, ascending."""
+    refused: list[tuple[int, str, str]]
+    """(node id, one-line reason, the error's whole text) of nodes refused at discovery."""
+
+    @property
+    def node_ids(self) -> dict[int, int]:
+        """``{client_id: node_id}``."""
+        return {cid: info.node_id for cid, info in self.clients.items()}
+
+    def ids_json(self) -> str:
+        """``{node_id: client_id}`` as JSON, for ``CLIENT_IDS_KEY``."""
+        return json.dumps({str(info.node_id): cid for cid, info in self.clients.items()})
+
+
+def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
+    """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
+    which own-data nodes check their data against) and give each a client id.
+
+    Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
+    own-data nodes get the ids no shard node holds, in the order of their keys. A node
+    that replies with an error, or reports a histogram that does not fit, is refused
+    (``Roster.refused``); a federation that does not match the experiment (wrong node
+    count, duplicate partition-ids or names) fails clearly.
     """
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < expected:
@@ -111,26 +158,41 @@ def discover_partitions(grid: Grid, expected: int, timeout: float) -> dict[int, 
             f"run with as many SuperNodes as clients (simulation: --federation-config "
             f"'num-supernodes={expected}') or set federation.num_clients={len(node_ids)}"
         )
-    queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
-    replies = list(grid.send_and_receive(queries, timeout=timeout))
-    mapping: dict[int, int] = {}
-    for reply in replies:
+    queries = [Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
+    shards: dict[int, NodeInfo] = {}
+    own: dict[str, NodeInfo] = {}
+    refused = []
+    for reply in sorted(grid.send_and_receive(queries, timeout=timeout), key=lambda r: r.metadata.src_node_id):
+        node = reply.metadata.src_node_id
         if reply.has_error():
-            raise ClientFailure(f"node {reply.metadata.src_node_id} failed to report its partition: {reply.error.reason}")
+            refused.append((node, failure_reason(reply.error), reply.error.reason))
+            continue
         info = reply.content.metric_records["node"]
-        pid, total = int(info["partition-id"]), int(info["num-partitions"])
-        if total != expected:
-            raise ClientFailure(
-                f"node {reply.metadata.src_node_id} says num-partitions={total}, but "
-                f"federation.num_clients is {expected}; they must agree"
-            )
-        if pid in mapping:
-            raise ClientFailure(f"two nodes claim partition-id {pid}; each node needs its own")
-        mapping[pid] = reply.metadata.src_node_id
-    missing = sorted(set(range(expected)) - set(mapping))
-    if missing:
-        raise ClientFailure(f"no node answered for partition-id(s) {missing}")
-    return dict(sorted(mapping.items()))
+        if "partition-id" in info:
+            pid, total = int(info["partition-id"]), int(info["num-partitions"])
+            if total != expected:
+                raise ClientFailure(f"node {node} says num-partitions={total}, but federation.num_clients is "
+                                    f"{expected}; they must agree")
+            if pid in shards:
+                raise ClientFailure(f"two nodes claim partition-id {pid}; each node needs its own")
+            if not 0 <= pid < expected:
+                raise ClientFailure(f"node {node} claims partition-id {pid}, outside 0..{expected - 1}")
+            shards[pid] = NodeInfo(node, SHARD)
+            continue
+        name = str(reply.content.config_records["name"]["node-key"])
+        hist = tuple(int(c) for c in info["label-histogram"])
+        if name in own:
+            raise ClientFailure(f"two nodes are called '{name}'; give each its own node-name in --node-config")
+        if len(hist) != num_classes or sum(hist) != int(info["num-samples"]):
+            refused.append((node, f"node '{name}' reported a label histogram of {len(hist)} classes summing to "
+                                  f"{sum(hist)} for {int(info['num-samples'])} samples; expected {num_classes} classes", ""))
+            continue
+        own[name] = NodeInfo(node, NODE_PROVIDED, name, int(info["num-samples"]), hist)
+    answered = {r[0] for r in refused} | {i.node_id for i in (*shards.values(), *own.values())}
+    refused += [(n, f"timeout: no reply within {timeout:g}s", "") for n in node_ids if n not in answered]
+    free = [cid for cid in range(expected) if cid not in shards]
+    clients = {**shards, **dict(zip(free, (own[name] for name in sorted(own))))}
+    return Roster(dict(sorted(clients.items())), sorted(refused))
 
 
 class _OfferedGrid(Grid):
@@ -203,7 +265,7 @@ class RoundProtocol(Strategy):
     cfg : ExperimentConfig
         The resolved experiment (sampling, failure policy, seed, diagnostics).
     partitions : dict[int, int]
-        ``{partition_id: node_id}`` from :func:`discover_partitions`.
+        ``{client_id: node_id}`` (``Roster.node_ids`` from :func:`discover_nodes`).
     diagnostics : list[tuple[DiagnosticSpec, Diagnostic]]
         The diagnostics to run after aggregation, each with its schedule.
     make_state : callable
@@ -241,9 +303,10 @@ class RoundProtocol(Strategy):
         self.current = RoundSummary()
         self._sent_arrays: NamedArrays = {}
         self._grid: Grid | None = None
+        self._train_config = ConfigRecord()
 
     def sample(self, server_round: int) -> list[int]:
-        """Partition-ids trained in ``server_round`` (seeded by seed and round; sorted)."""
+        """Client ids trained in ``server_round`` (seeded by seed and round; sorted)."""
         fed = self.cfg.federation
         everyone = sorted(self.partitions)
         if fed.clients_per_round is None or fed.clients_per_round >= len(everyone):
@@ -298,6 +361,7 @@ class RoundProtocol(Strategy):
         self.current = RoundSummary(server_round, tuple(sampled), (), time.perf_counter())
         self._sent_arrays = from_record(arrays)
         self._grid = grid
+        self._train_config = config
         offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
         return list(self.strategy.configure_train(server_round, arrays, config, offered))
 
@@ -370,7 +434,7 @@ class RoundProtocol(Strategy):
 
     def _global_pass(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
         """Send the new aggregate to this round's clients for ``client_side_global``."""
-        config = ConfigRecord({CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
+        config = ConfigRecord({**self._train_config, CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
         nodes = [self.partitions[pid] for pid in updates]
         for reply in query_nodes(self._grid, nodes, DIAGNOSE_ACTION, arrays, config, self.cfg.federation.round_timeout_s):
             pid = self.node_to_partition[reply.metadata.src_node_id]

@@ -4,7 +4,7 @@
 
     <run>/config.yaml              resolved experiment config
     <run>/environment.json         versions, git hash, seed, host, device
-    <run>/partitions.json          per-client sample counts and label histograms
+    <run>/partitions.json          per-client sample counts, label histograms and data source
     <run>/metrics.jsonl            append-only records, one JSON object per line
     <run>/state.safetensors        resume point: the last completed round (every round)
     <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
@@ -21,7 +21,8 @@
 Every ``metrics.jsonl`` record has ``kind`` and ``round``; kinds are ``eval`` (global
 model on the test set), ``client`` (one client's training in one round), ``failure``
 (a client that failed, a one-line reason, the policy applied and, for an error reply,
-``details``: the log holding its whole text) and ``diagnostic`` (one diagnostic's
+``details``: the log holding its whole text; a node refused before the first round is
+recorded in round 0 with ``node``, its node id) and ``diagnostic`` (one diagnostic's
 metrics in one round, under ``name``).
 
 Surviving a kill: records are appended as whole lines and fsynced (a reader skips a torn
@@ -329,12 +330,11 @@ class RunFolder:
         }
         write_text_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))
 
-    def write_partitions(self, parts: list[np.ndarray], histograms: np.ndarray, class_names: list[str], audit_size: int) -> None:
-        clients = [
-            {"partition_id": i, "num_samples": int(len(p)), "label_histogram": histograms[i].astype(int).tolist()}
-            for i, p in enumerate(parts)
-        ]
-        payload = {"num_clients": len(parts), "class_names": class_names, "audit_samples": audit_size, "clients": clients}
+    def write_partitions(self, clients: list[dict[str, Any]], class_names: list[str], audit_size: int) -> None:
+        """partitions.json: one entry per client (``partition_id``: its client id,
+        ``num_samples``, ``label_histogram``, ``source``: ``shard`` or ``node-provided``,
+        and an own-data node's ``node`` name)."""
+        payload = {"num_clients": len(clients), "class_names": class_names, "audit_samples": audit_size, "clients": clients}
         write_text_atomic(self.path / PARTITIONS_FILE, json.dumps(payload, indent=1))
 
     def append(self, record: dict[str, Any]) -> None:
@@ -349,18 +349,23 @@ class RunFolder:
         self.append({"kind": "client", "round": server_round, "partition_id": update.partition_id,
                      "num_examples": update.num_examples, **metrics})
 
-    def failure(self, server_round: int, partition_id: int, reason: str, policy: str, details: str = "") -> None:
+    def failure(self, server_round: int, partition_id: int | None, reason: str, policy: str, details: str = "",
+                node: int | None = None) -> None:
         """Record a failed client with a one-line ``reason``; ``details`` (the client's
         whole error text, a Ray traceback say) goes to ``logs/client_failures.log``, which
-        the record names."""
+        the record names. A node refused before the first round has no client id
+        (``partition_id`` None): round 0, with its ``node`` id."""
         record = {"kind": "failure", "round": server_round, "partition_id": partition_id,
                   "reason": reason, "policy": policy}
+        if node is not None:
+            record["node"] = node
         if details:
             log_file = self.path / LOGS_DIR / CLIENT_FAILURES_LOG
             log_file.parent.mkdir(exist_ok=True)
             stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             with open(log_file, "a") as fh:
-                fh.write(f"--- round {server_round}, client {partition_id}, {stamp}: {reason}\n"
+                who = f"client {partition_id}" if partition_id is not None else f"node {node}"
+                fh.write(f"--- round {server_round}, {who}, {stamp}: {reason}\n"
                          f"{strip_colours(details).rstrip()}\n")
             record["details"] = f"{LOGS_DIR}/{CLIENT_FAILURES_LOG}"
         self.append(record)

@@ -38,7 +38,17 @@ from fedmech_flwr.experiment import (
 from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.protocol import CONFIG_KEY, RoundProtocol, discover_partitions
+from fedmech_flwr.node_data import NodeDataSpec
+from fedmech_flwr.protocol import (
+    CLIENT_IDS_KEY,
+    CONFIG_KEY,
+    DATA_SPEC_KEY,
+    SHARD,
+    ClientFailure,
+    Roster,
+    RoundProtocol,
+    discover_nodes,
+)
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.run_folder import CONFIG_FILE, STATE_FILE, ResumePoint, RunFolder
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
@@ -99,7 +109,7 @@ def run_experiment(
     )
     strategy = STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
     diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
-    partitions = discover_partitions(grid, cfg.federation.num_clients, cfg.federation.round_timeout_s)
+    base_config = ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()})
 
     if resume:
         folder = RunFolder.resume(run_dir)
@@ -115,12 +125,17 @@ def run_experiment(
         if not resume:
             folder.write_config(cfg.to_plain())
             folder.write_environment(cfg.seed, str(device), run_config or {})
+        fed = cfg.federation
+        roster = discover_nodes(grid, fed.num_clients, fed.round_timeout_s, base_config, bundle.num_classes)
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
-        folder.write_partitions(parts, hist, list(bundle.class_names), len(audit))
+        folder.write_partitions(_partition_entries(roster, parts, hist), list(bundle.class_names), len(audit))
+        _refuse(cfg, folder, roster)
+        train_config = ConfigRecord({**base_config, CLIENT_IDS_KEY: roster.ids_json()})
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
         if audit_set is not None:
             datasets["audit"] = audit_set
-        final = _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device)
+        final = _run_rounds(grid, cfg, folder, roster.node_ids, model, point, strategy, diagnostics, bundle, datasets,
+                            device, train_config)
         folder.final_model(final)
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
@@ -133,6 +148,34 @@ def run_experiment(
     folder.set_status("completed")
     log.info("Run completed: %s", folder.path)
     return folder.path
+
+
+def _partition_entries(roster: Roster, parts, hist) -> list[dict[str, Any]]:
+    """partitions.json's client entries: a shard's count and histogram from the server's
+    partition, an own-data node's as it reported them, each saying which it is."""
+    entries = []
+    for cid, info in roster.clients.items():
+        if info.source == SHARD:
+            entry = {"num_samples": int(len(parts[cid])), "label_histogram": hist[cid].astype(int).tolist()}
+        else:
+            entry = {"num_samples": info.num_samples, "label_histogram": list(info.label_histogram), "node": info.name}
+        entries.append({"partition_id": cid, **entry, "source": info.source})
+    return entries
+
+
+def _refuse(cfg: ExperimentConfig, folder: RunFolder, roster: Roster) -> None:
+    """Record the nodes refused at discovery (round 0) and apply the failure policy."""
+    fed = cfg.federation
+    for node, reason, details in roster.refused:
+        folder.failure(0, None, reason, fed.on_client_failure, details, node=node)
+        log.warning("node %d was refused before the first round: %s", node, reason)
+    if roster.refused and fed.on_client_failure == "fail":
+        node, reason, _ = roster.refused[0]
+        raise ClientFailure(f"node {node} was refused before the first round ({reason}); "
+                            "federation.on_client_failure is 'fail' (set it to 'continue' to run without it)")
+    if len(roster.clients) < fed.min_replies:
+        raise ClientFailure(f"only {len(roster.clients)} node(s) were accepted, federation.min_replies is "
+                            f"{fed.min_replies}")
 
 
 def _resume_point(folder: RunFolder, model) -> ResumePoint | None:
@@ -151,7 +194,8 @@ def _resume_point(folder: RunFolder, model) -> ResumePoint | None:
     return point
 
 
-def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device) -> NamedArrays:
+def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device,
+                train_config) -> NamedArrays:
     """Run the rounds after ``point`` (all of them if None); return the last committed
     global model."""
     fed = cfg.federation
@@ -202,7 +246,7 @@ def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnosti
         )
         return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
 
-    protocol.run(grid, start.global_arrays, ConfigRecord({CONFIG_KEY: cfg.to_json()}), evaluate_fn)
+    protocol.run(grid, start.global_arrays, train_config, evaluate_fn)
     return committed.global_arrays
 
 

@@ -11,9 +11,20 @@ from flwr.common.constant import ErrorCode
 from conftest import outgoing, train_reply
 
 from fedmech_flwr.arrays import from_record
+from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.client_app import app as client_app
 from fedmech_flwr.inprocess import InProcessGrid
-from fedmech_flwr.protocol import ClientFailure, RoundProtocol, RoundSummary, discover_partitions
+from fedmech_flwr.protocol import (
+    CONFIG_KEY,
+    DATA_SPEC_KEY,
+    NODE_PROVIDED,
+    SHARD,
+    ClientFailure,
+    NodeInfo,
+    RoundProtocol,
+    RoundSummary,
+    discover_nodes,
+)
 from strategies.fedavg import WeightedFedAvg
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
@@ -171,9 +182,38 @@ def test_post_aggregate_is_applied(smoke_cfg, messages):
 
 # --- discovery --------------------------------------------------------------------------
 
-def test_discover_partitions_maps_partition_to_node():
-    grid = InProcessGrid(client_app, 3)
-    assert discover_partitions(grid, 3, timeout=5) == {0: 1000, 1: 1001, 2: 1002}
+def discover(grid: InProcessGrid, expected: int, timeout: float = 5):
+    """``discover_nodes`` with the smoke experiment's config and data spec (4 classes, 1x12x12)."""
+    from flwr.app import ConfigRecord
+
+    from conftest import smoke_config
+    from fedmech_flwr.experiment import load_data
+    from fedmech_flwr.node_data import NodeDataSpec
+
+    cfg = smoke_config()
+    bundle: DatasetBundle = load_data(cfg)
+    config = ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()})
+    return discover_nodes(grid, expected, timeout, config, bundle.num_classes)
+
+
+def test_discover_maps_partition_to_node():
+    roster = discover(InProcessGrid(client_app, 3), 3)
+    assert roster.node_ids == {0: 1000, 1: 1001, 2: 1002}
+    assert {info.source for info in roster.clients.values()} == {SHARD} and roster.refused == []
+
+
+def test_own_data_nodes_take_the_free_ids_in_the_order_of_their_names(tmp_path):
+    x, y = np.zeros((20, 12, 12), np.float32), np.arange(20) % 4
+    np.savez(tmp_path / "own.npz", x=x, y=y)
+    own = lambda name: {"data-path": str(tmp_path / "own.npz"), "node-name": name}  # noqa: E731
+    grid = InProcessGrid(client_app, 4, node_configs=[
+        own("zurich"), {"partition-id": 1, "num-partitions": 4}, own("athens"), {"partition-id": 3, "num-partitions": 4},
+    ])
+    roster = discover(grid, 4)
+    assert roster.node_ids == {0: 1002, 1: 1001, 2: 1000, 3: 1003}  # athens < zurich take the free ids 0 and 2
+    assert roster.clients[0] == NodeInfo(1002, NODE_PROVIDED, "athens", 20, (5, 5, 5, 5))
+    assert roster.clients[1].source == SHARD
+    assert roster.ids_json() == '{"1002": 0, "1001": 1, "1000": 2, "1003": 3}'
 
 
 @pytest.mark.parametrize(
@@ -186,7 +226,7 @@ def test_discover_partitions_maps_partition_to_node():
 def test_discover_wrong_node_count(nodes, timeout, message):
     grid = InProcessGrid(client_app, nodes)
     with pytest.raises(ClientFailure) as info:
-        discover_partitions(grid, 3, timeout=timeout)
+        discover(grid, 3, timeout=timeout)
     assert message in str(info.value)
     assert "num-supernodes=3" in str(info.value)
 
@@ -195,26 +235,35 @@ def test_discover_duplicate_partition_id():
     grid = InProcessGrid(client_app, 3)
     grid.contexts[1002].node_config["partition-id"] = 0
     with pytest.raises(ClientFailure, match="two nodes claim partition-id 0"):
-        discover_partitions(grid, 3, timeout=5)
+        discover(grid, 3)
+
+
+def test_discover_duplicate_node_name(tmp_path):
+    np.savez(tmp_path / "own.npz", x=np.zeros((20, 12, 12), np.float32), y=np.arange(20) % 4)
+    same = {"data-path": str(tmp_path / "own.npz"), "node-name": "lab"}
+    with pytest.raises(ClientFailure, match="two nodes are called 'lab'; give each its own node-name"):
+        discover(InProcessGrid(client_app, 2, node_configs=[same, same]), 2)
 
 
 def test_discover_node_with_wrong_num_partitions():
     grid = InProcessGrid(client_app, 3)
     grid.contexts[1001].node_config["num-partitions"] = 5
     with pytest.raises(ClientFailure, match="node 1001 says num-partitions=5, but federation.num_clients is 3"):
-        discover_partitions(grid, 3, timeout=5)
+        discover(grid, 3)
 
 
-def test_discover_node_that_errors():
+def test_discover_refuses_a_node_that_errors():
     broken = ClientApp()
 
     @broken.query()
     def identify(msg: Message, context: Context) -> Message:
-        raise RuntimeError("no partition here")
+        if context.node_id == 1000:
+            raise RuntimeError("no partition here")
+        return client_app(msg, context)
 
-    grid = InProcessGrid(broken, 2)
-    with pytest.raises(ClientFailure, match="node 1000 failed to report its partition: RuntimeError: no partition here"):
-        discover_partitions(grid, 2, timeout=5)
+    roster = discover(InProcessGrid(broken, 2), 2)
+    assert [(node, reason) for node, reason, _ in roster.refused] == [(1000, "raised: RuntimeError: no partition here")]
+    assert roster.node_ids == {1: 1001}
 
 
 # --- faults screened before aggregation, resume -----------------------------------------
