@@ -3,7 +3,7 @@
     fedmech run experiments/default.yaml [--set key=value ...] [--out DIR]
     fedmech run --resume RUN_DIR   (continue a killed run from its last completed round)
     fedmech run --resume RUN_DIR --from-checkpoint N   (... from its numbered checkpoint of round N)
-    fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR]
+    fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR] [--node-data DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech list [KIND]   (registered datasets, partitions, models, clients, strategies, diagnostics)
     fedmech plot RUN_DIR
@@ -40,7 +40,7 @@ from fedmech_flwr.config import (
     plugin_registries,
 )
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
-from fedmech_flwr.launch import LaunchResult, deploy_local, launch
+from fedmech_flwr.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, STATE_FILE, FolderLock, RunFolder, read_status
 from fedmech_flwr.typed import describe_fields
@@ -227,8 +227,13 @@ def _stopped(run_dir: Path) -> str:
 
 def cmd_deploy_local(args: argparse.Namespace) -> int:
     cfg, run_dir, run_config = _prepare_run(args)
+    node_data = node_data_entries(args.node_data) if args.node_data else []
+    try:
+        node_configs(cfg.federation.num_clients, node_data)
+    except ValueError as err:
+        raise ConfigError(str(err), "--node-data") from None
     result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
-                          certs=args.certs, port=args.port)
+                          certs=args.certs, port=args.port, node_data=node_data)
     return _report(result, run_dir)
 
 
@@ -319,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="TLS credentials and node keys made by scripts/make_certs.sh DIR N (implies --tls; "
                              "default: fresh ones for this run)")
     deploy.add_argument("--port", type=int, help="the SuperLink's port (default: a free one)")
+    deploy.add_argument("--node-data", type=Path, metavar="DIR",
+                        help="one .npz file or image folder per node that brings its own data (node-name: the "
+                             "entry's name); the other federation.num_clients nodes hold shards of the dataset")
     p = sub.add_parser("list", help="list what is registered, with each entry's config keys, types, defaults and "
                                     "docs, and which strategy needs which client")
     p.add_argument("kind", nargs="?", metavar="KIND", help=f"only this kind: {', '.join(LIST_KINDS)}")

@@ -5,8 +5,8 @@ Two engines, one machinery:
 - ``launch``: a ``flower-superlink --simulation`` (Ray runs the clients; or an existing
   Ray cluster when ``simulation.ray_address`` is set);
 - ``deploy_local``: the Deployment Engine on localhost, a ``flower-superlink`` and N
-  ``flower-supernode`` processes (each told its partition through ``--node-config``),
-  optionally with TLS and SuperNode authentication.
+  ``flower-supernode`` processes (each told its partition, or its own data, through
+  ``--node-config``), optionally with TLS and SuperNode authentication.
 
 Each launch uses free ports, a neutral working directory and its own FLWR_HOME, so runs
 never pick up another checkout's code through a shared managed SuperLink (Ray actors put
@@ -306,6 +306,29 @@ def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfi
         return flower.run(run_config, federation, stream)
 
 
+def node_data_entries(folder: Path) -> list[Path]:
+    """The per-node data in ``folder`` (``--node-data``): its files and folders, sorted,
+    hidden ones left out; each is one node's ``data-path``."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--node-data {folder} is not a folder; give a folder holding one .npz file or "
+                                "image folder per node (scripts/write_node_data.py writes one)")
+    entries = sorted(p.resolve() for p in folder.iterdir() if not p.name.startswith("."))
+    if not entries:
+        raise FileNotFoundError(f"--node-data {folder} is empty; put one .npz file or image folder per node in it")
+    return entries
+
+
+def node_configs(num_nodes: int, node_data: list[Path]) -> list[str]:
+    """``--node-config`` of each SuperNode: shard nodes first (``partition-id=i
+    num-partitions=num_nodes``), then one node per ``node_data`` entry (``data-path``, and
+    ``node-name``: the entry's name without suffix)."""
+    if len(node_data) > num_nodes:
+        raise ValueError(f"--node-data holds {len(node_data)} entries but federation.num_clients is {num_nodes}; "
+                         f"set federation.num_clients to at least {len(node_data)}")
+    shards = [f"partition-id={i} num-partitions={num_nodes}" for i in range(num_nodes - len(node_data))]
+    return shards + [f"data-path={_quote(str(p))} node-name={_quote(p.stem)}" for p in node_data]
+
+
 def deploy_local(
     run_config: dict[str, str],
     num_nodes: int,
@@ -314,9 +337,11 @@ def deploy_local(
     auth: bool = False,
     certs: Path | None = None,
     port: int | None = None,
+    node_data: list[Path] | None = None,
 ) -> LaunchResult:
     """``flwr run`` this app on a local Deployment Engine: one SuperLink, ``num_nodes``
-    SuperNodes with ``partition-id=i num-partitions=num_nodes``.
+    SuperNodes (``node_configs``): shard nodes, and one node with its own data per
+    ``node_data`` entry.
 
     ``auth`` (SuperNode authentication; Flower requires TLS for it) registers each node's
     public key with the SuperLink before the node starts. ``certs`` (implies ``tls``) is a
@@ -341,18 +366,19 @@ def deploy_local(
             security = ["--insecure"]
         flower.start_superlink(*security, *(["--enable-supernode-auth"] if auth else []))
         nodes = []
-        for i in range(num_nodes):
+        for i, node_config in enumerate(node_configs(num_nodes, node_data or [])):
             node_flags = ["--root-certificates", str(creds.ca)] if creds else ["--insecure"]
             if auth:
                 flower.flwr("supernode", "register", str(creds.node_key(i).with_suffix(".pub")), CONNECTION)
                 node_flags += ["--auth-supernode-private-key", str(creds.node_key(i))]
             nodes.append(flower.start(f"supernode_{i}", [
                 "flower-supernode", *node_flags, "--superlink", f"127.0.0.1:{flower.port}",
-                "--port", str(_free_port()), "--node-config", f"partition-id={i} num-partitions={num_nodes}",
+                "--port", str(_free_port()), "--node-config", node_config,
             ]))
         flower.wait_for_nodes(nodes)
         security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
-        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s)", num_nodes, flower.port, security_name)
+        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s; %d with their own data)", num_nodes,
+                 flower.port, security_name, len(node_data or []))
         return flower.run(run_config)
 
 

@@ -1,0 +1,72 @@
+"""Own-data nodes on the real Deployment Engine (``fedmech deploy-local --node-data``).
+
+Two runs, each about 1-2 min on 2 busy cores (every ClientApp message starts a process):
+nodes on files holding exactly the simulation's shards must end bitwise as ``fedmech run``
+does; a mixed federation under TLS and SuperNode auth (2 shard nodes, 1 own-data node, 1
+node with bad data, refused) must complete and say in partitions.json which node is which.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import smoke_config, without_measured
+from fedmech_flwr.arrays import load_arrays
+from fedmech_flwr.node_data import write_node_data
+from fedmech_flwr.run_folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from test_deploy import SMALL_RUN, fedmech
+
+pytestmark = pytest.mark.integration
+
+
+def finished(proc, out) -> None:
+    try:
+        assert proc.wait(timeout=480) == 0, (out / "fedmech.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_deploy_local_on_the_shards_files_ends_bitwise_as_fedmech_run(tmp_path):
+    nodes = tmp_path / "nodes"
+    write_node_data(smoke_config(list(SMALL_RUN)), nodes)
+    simulated = fedmech("run", tmp_path / "sim")
+    deployed = fedmech("deploy-local", tmp_path / "deploy", "--node-data", str(nodes))
+    finished(simulated, tmp_path / "sim")
+    finished(deployed, tmp_path / "deploy")
+    assert "2 SuperNodes online" in (tmp_path / "deploy" / "fedmech.log").read_text()
+    (sim,) = list((tmp_path / "sim" / "runs").iterdir())
+    (dep,) = list((tmp_path / "deploy" / "runs").iterdir())
+    ref, new = load_arrays(sim / FINAL_MODEL_FILE), load_arrays(dep / FINAL_MODEL_FILE)
+    assert all(np.array_equal(ref[k], new[k]) for k in ref)
+    assert without_measured(read_records(dep)) == without_measured(read_records(sim))
+    sim_parts, dep_parts = (json.loads((run / "partitions.json").read_text()) for run in (sim, dep))
+    assert [c.pop("source") for c in sim_parts["clients"]] == ["shard", "shard"]
+    assert [(c.pop("source"), c.pop("node")) for c in dep_parts["clients"]] == [
+        ("node-provided", "node_000"), ("node-provided", "node_001")]
+    assert dep_parts == sim_parts
+
+
+def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
+    overrides = ("federation.num_clients=4", "federation.num_rounds=1", "federation.on_client_failure=continue")
+    nodes = tmp_path / "nodes"
+    write_node_data(smoke_config(list(overrides)), nodes, clients=[2])
+    np.savez(nodes / "node_999.npz", x=np.zeros((20, 28, 28), np.float32), y=np.arange(20) % 4)
+    deploy = fedmech("deploy-local", tmp_path, "--auth", "--node-data", str(nodes), overrides=overrides)
+    finished(deploy, tmp_path)
+    output = (tmp_path / "fedmech.log").read_text()
+    assert "4 SuperNodes online" in output and "(TLS, SuperNode auth; 2 with their own data)" in output
+    (run,) = list((tmp_path / "runs").iterdir())
+    assert read_status(run)["status"] == "completed"
+    parts = json.loads((run / "partitions.json").read_text())["clients"]
+    assert [(c["partition_id"], c["source"], c.get("node")) for c in parts] == [
+        (0, "shard", None), (1, "shard", None), (2, "node-provided", "node_002")]
+    assert sorted(r["partition_id"] for r in read_records(run, "client")) == [0, 1, 2]
+    (failure,) = read_records(run, "failure")
+    assert failure["round"] == 0 and "NodeDataError: node 'node_999'" in failure["reason"]
+    assert "images are 28x28 pixels, expected 12x12" in failure["reason"]
+    # the refused node's console says why
+    assert "node 'node_999' refuses to take part" in (run / LOGS_DIR / "supernode_3.log").read_text()
