@@ -378,6 +378,8 @@ class RoundProtocol(Strategy):
         arrays, metrics = self.strategy.aggregate_train(server_round, [reply for reply, _ in usable])
         if arrays is None:
             raise ClientFailure(f"round {server_round}: {type(self.strategy).__name__} returned no aggregated model")
+        if metrics:
+            self.recorder.strategy(server_round, dict(metrics))
         if self.post_aggregate is not None:
             arrays = to_record(self.post_aggregate(from_record(arrays)))
         self._run_diagnostics(server_round, arrays, updates)

@@ -375,6 +375,11 @@ class RunFolder:
             save_arrays(self.path / DIAGNOSTICS_DIR / name / round_file(server_round), result.arrays)
         self.append({"kind": "diagnostic", "round": server_round, "name": name, "seconds": seconds, **result.metrics})
 
+    def strategy(self, server_round: int, metrics: dict[str, Any]) -> None:
+        """The aggregate's MetricRecord (the strategy's own per-round figures, e.g.
+        ``aggregate-seconds`` or what matched_avg moved)."""
+        self.append({"kind": "strategy", "round": server_round, **metrics})
+
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})
 

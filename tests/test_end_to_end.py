@@ -62,7 +62,10 @@ def test_partitions_file(smoke_run, smoke_cfg):
 
 def test_metrics_records(smoke_run, smoke_cfg):
     records = read_records(smoke_run)
-    assert {r["kind"] for r in records} == {"eval", "client", "diagnostic"}
+    assert {r["kind"] for r in records} == {"eval", "client", "diagnostic", "strategy"}
+    aggregates = read_records(smoke_run, "strategy")  # the aggregate's MetricRecord, a round each
+    assert [r["round"] for r in aggregates] == list(range(1, ROUNDS + 1))
+    assert all(r["aggregate-seconds"] >= 0 and r["train-loss"] > 0 for r in aggregates)
     evals = read_records(smoke_run, "eval")
     assert [r["round"] for r in evals] == list(range(ROUNDS + 1))
     for r in evals:

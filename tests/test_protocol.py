@@ -35,7 +35,7 @@ class Recorder:
     """Stands in for the RunFolder: keeps what the protocol writes."""
 
     def __init__(self) -> None:
-        self.clients, self.failures, self.diagnostics = [], [], []
+        self.clients, self.failures, self.diagnostics, self.aggregates = [], [], [], []
 
     def client(self, server_round, update):
         self.clients.append((server_round, update.partition_id, update.num_examples))
@@ -45,6 +45,9 @@ class Recorder:
 
     def diagnostic(self, server_round, name, result, seconds):
         self.diagnostics.append((server_round, name, result))
+
+    def strategy(self, server_round, metrics):
+        self.aggregates.append((server_round, metrics))
 
 
 class OrderRecordingFedAvg(WeightedFedAvg):
