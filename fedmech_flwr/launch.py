@@ -377,8 +377,8 @@ def deploy_local(
             ]))
         flower.wait_for_nodes(nodes)
         security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
-        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s; %d with their own data)", num_nodes,
-                 flower.port, security_name, len(node_data or []))
+        own = f"; {len(node_data)} with their own data" if node_data else ""
+        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s%s)", num_nodes, flower.port, security_name, own)
         return flower.run(run_config)
 
 

@@ -237,6 +237,8 @@ def write_node_data(cfg: ExperimentConfig, out: str | Path, clients: list[int] |
     if fmt not in NODE_FORMATS:
         raise ValueError(f"format must be one of {NODE_FORMATS}, got {fmt!r}")
     bundle = load_data(cfg)
+    if fmt == "images" and bundle.pixels.dtype != "uint8":
+        raise ValueError(f"dataset '{bundle.name}' has no image form ({bundle.pixels.dtype} values); use the npz format")
     parts = client_partitions(cfg, bundle)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

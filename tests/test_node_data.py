@@ -213,3 +213,21 @@ def test_a_node_with_both_a_partition_and_own_data_is_refused():
                       run_config={})
     with pytest.raises(ConfigError, match="has both data-path and partition-id"):
         own_data(context, GREY.to_json())
+
+
+def test_synthetic_data_has_no_image_form(tmp_path):
+    with pytest.raises(ValueError, match="dataset 'synthetic' has no image form"):
+        write_node_data(smoke_config(TWO), tmp_path, fmt="images")
+
+
+@pytest.mark.integration
+def test_a_fashion_mnist_shard_written_as_pngs_reads_back_as_the_same_images(tmp_path):
+    from fedmech_flwr.experiment import client_partitions, load_data
+
+    cfg = smoke_config(["data.dataset={name: fashion_mnist}", "federation.num_clients=300", "data.partition={name: iid}"])
+    (folder,) = write_node_data(cfg, tmp_path, clients=[7], fmt="images")
+    bundle = load_data(cfg)
+    data = load_node_data(folder, NodeDataSpec.of(bundle))
+    idx = torch.from_numpy(client_partitions(cfg, bundle)[7])
+    order = torch.argsort(bundle.y_train[idx], stable=True)  # the folder is read in class order
+    assert torch.equal(data.y, bundle.y_train[idx][order]) and torch.equal(data.x, bundle.x_train[idx][order])
