@@ -80,8 +80,9 @@ def _partition(context: Context) -> tuple[int, int]:
         return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     except KeyError as err:
         raise RuntimeError(
-            "this SuperNode has no partition-id/num-partitions; start it with "
-            "--node-config 'partition-id=I num-partitions=N'"
+            "this SuperNode has neither partition-id/num-partitions nor data-path; start it with "
+            "--node-config 'partition-id=I num-partitions=N' (a shard of the experiment's dataset) "
+            "or --node-config 'data-path=PATH' (its own data)"
         ) from err
 
 
