@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import numpy as np
@@ -114,13 +115,16 @@ def load_node_data(path: str | Path, spec: NodeDataSpec) -> NodeData:
 
 def _read_npz(path: Path, spec: NodeDataSpec) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded as z:
+                arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as err:
         raise NodeDataError(f"{path} is not an npz file ({type(err).__name__}: {err}); expected an .npz "
                             f"(numpy.savez) with {spec.expected()}") from err
-    except AttributeError as err:  # np.load read a plain .npy array, not an archive
-        raise NodeDataError(f"{path} is a single .npy array, not an npz; expected {spec.expected()}") from err
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise NodeDataError(f"{path} is a single .npy array, not an npz; expected an .npz (numpy.savez) with "
+                            f"{spec.expected()}")
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
         raise NodeDataError(f"{path} has no array(s) {missing} (it has {sorted(arrays)}); expected {spec.expected()}")

@@ -70,6 +70,7 @@ LABELS = np.arange(12) % 3
     (lambda p: (p.write_bytes(b""), p)[1], "is empty (0 bytes)"),
     (lambda p: (p.write_text("x,y\n1,2\n"), p)[1], "is not an npz file"),
     (lambda p: npz(p, x=images()), "has no array(s) ['y']"),
+    (lambda p: (np.save(p.with_suffix(".npy"), images()), p.with_suffix(".npy"))[1], "is a single .npy array"),
     (lambda p: npz(p, x=images().astype(np.float32), y=LABELS), "x is float32; expected x: uint8 [N,8,8]"),
     (lambda p: npz(p, x=images(5), y=LABELS[:5]), "holds 5 training sample(s); a node needs at least 10"),
     (lambda p: npz(p, x=images(0), y=LABELS[:0]), "holds 0 training sample(s)"),
