@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import smoke_config, without_measured
+from conftest import REPO, smoke_config, without_measured
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.data import Pixels, _normalise
 from fedmech_flwr.errors import ConfigError
@@ -232,3 +232,18 @@ def test_a_fashion_mnist_shard_written_as_pngs_reads_back_as_the_same_images(tmp
     idx = torch.from_numpy(client_partitions(cfg, bundle)[7])
     order = torch.argsort(bundle.y_train[idx], stable=True)  # the folder is read in class order
     assert torch.equal(data.y, bundle.y_train[idx][order]) and torch.equal(data.x, bundle.x_train[idx][order])
+
+
+def test_deploy_local_refuses_bad_node_data_folders_before_flower_starts(tmp_path, monkeypatch, capsys):
+    from fedmech_flwr import cli
+
+    monkeypatch.setattr(cli, "deploy_local", lambda *a, **k: pytest.fail("Flower was started"))
+    command = ["deploy-local", "experiments/smoke.yaml", "--out", str(tmp_path / "runs"), "--node-data"]
+    monkeypatch.chdir(REPO)
+    assert cli.main([*command, str(tmp_path / "missing")]) == cli.EXIT_BAD_INPUT
+    assert "is not a folder" in capsys.readouterr().err
+    for i in range(4):
+        (tmp_path / f"node_{i}.npz").write_bytes(b"")
+    assert cli.main([*command, str(tmp_path)]) == cli.EXIT_BAD_INPUT
+    assert "--node-data holds 4 entries but federation.num_clients is 3" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
