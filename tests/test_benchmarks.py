@@ -47,3 +47,11 @@ def test_throughput_engine_against_the_bare_loop(capsys):
     assert [row.split("  ")[0] for row in rows] == ["bare PyTorch loop (no project code)",
                                                     "the engine outside Flower (train_epochs)"]
     assert all(float(row.split()[-1]) > 0 for row in rows)
+
+
+@pytest.mark.integration
+def test_circuits_agreement(capsys):
+    load("circuits_agreement").main(["--channels", "4", "8", "--samples", "300", "--steps", "3",
+                                     "--ablation-samples", "50"])
+    out = capsys.readouterr().out
+    assert "circuits mean IoU new vs paper protocol" in out and "numbers inside" in out and "probe accuracy" in out

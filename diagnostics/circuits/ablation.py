@@ -36,7 +36,7 @@ def channel_means(
     x: Tensor,
     layers: Sequence[str] | None = None,
     position: Position = "after_norm",
-    batch_size: int = 512,
+    batch_size: int = 128,
 ) -> dict[str, Tensor]:
     """Mean activation per channel at the gate points (over samples and spatial dims),
     as CPU float32 tensors [channels]."""
@@ -66,7 +66,7 @@ def ablate(
     fill: Fill,
     means: Mapping[str, Tensor] | None = None,
     position: Position = "after_norm",
-    batch_size: int = 512,
+    batch_size: int = 128,
 ) -> Tensor:
     """Predicted classes [N] (CPU) with circuit ``mask`` ablated in ``mode``.
 
@@ -99,13 +99,13 @@ def _group(
     return group
 
 
-def predict(model: FedMechModel, x: Tensor, batch_size: int = 512) -> Tensor:
+def predict(model: FedMechModel, x: Tensor, batch_size: int = 128) -> Tensor:
     """The model's own argmax predictions [N] (CPU), nothing ablated."""
     return _predict(model, x, {}, "after_norm", batch_size)
 
 
 def without_channels(
-    model: FedMechModel, x: Tensor, position: Position = "after_norm", batch_size: int = 512
+    model: FedMechModel, x: Tensor, position: Position = "after_norm", batch_size: int = 128
 ) -> Tensor:
     """Predicted classes [N] (CPU) with every gated channel closed (set to 0): what the
     model predicts from its head's bias and ungated paths alone. A class it still predicts
@@ -124,7 +124,7 @@ def ablation_report(
     means: Mapping[str, Tensor] | None,
     generator: torch.Generator,
     position: Position = "after_norm",
-    batch_size: int = 512,
+    batch_size: int = 128,
 ) -> dict[str, Any]:
     """Sufficiency and necessity of class ``cls``'s circuit, JSON-able.
 
@@ -158,7 +158,7 @@ def ablation_reports(
     jobs: Sequence[tuple[int, MaskLike, MaskLike]],
     means: Mapping[str, Tensor] | None,
     position: Position = "after_norm",
-    batch_size: int = 512,
+    batch_size: int = 128,
 ) -> list[dict[str, Any]]:
     """``ablation_report`` of every (class, circuit, random circuit) in ``jobs`` on one model,
     all in one batched pass (``predict_groups``): the unablated baseline and the first gated
@@ -191,7 +191,7 @@ def predict_groups(
     x: Tensor,
     groups: Sequence[Mapping[str, tuple[Tensor, Tensor]]],
     position: Position = "after_norm",
-    batch_size: int = 512,
+    batch_size: int = 128,
 ) -> tuple[Tensor, Tensor]:
     """The unablated predictions [N] and those under each group's edits [G, N] (CPU).
 

@@ -40,6 +40,23 @@ pairs left out as undefined (``undefined``) and the empty circuits it involved (
   means over the clients holding the class, and how many of them have a degenerate
   sufficiency ablation (``degenerate_sufficiency``).
 
+Each ablation score carries ``ci95``, the half-width of its 95% Wilson interval on the
+``images`` (``class_images`` of the class) it was measured on; the record also holds the
+seconds of each part (``client_seconds``, ``server_seconds``) and the gate steps each
+client's discovery took (``client_steps``).
+
+Cost (benchmarks/circuits_round.py, README "Benchmarks"): discovery stops each class once
+its mask is stable (``gates.patience``; null is the paper's fixed 300 steps); all
+ablations of a model run as one batched pass; discovery, ablations and features run on a
+channels-last copy of the model. Changed defaults and random streams: ``gates.patience``
+20 (was: none), so a class stops after ~100-180 steps with masks of mean IoU >= 0.95 with
+the full run's; a stopped class draws no more samples from its own generator (the others'
+are untouched); random control circuits are drawn in the same order (variant, client,
+class) from the same per-round generator as before. Warm starts (``learn_circuits``'s
+``start``) are not used: the global model's circuit started from the client's local one
+stayed at the local mask (mean IoU 0.79 with the cold-start mask, 0.96 with the local
+one), which would make ``local_to_global`` measure the start, not the model.
+
 IoU = mean over gated layers of |A n B| / |A u B|, layers empty in both circuits left out;
 a pair of empty circuits has no IoU (null, excluded from means and counted) unless
 ``empty_iou`` gives one (1.0, the paper's convention, recorded as ``empty_iou``). Every round
@@ -116,8 +133,10 @@ class CircuitsConfig:
     """Which sufficiency / necessity ablations to run on the server (may be empty)."""
     fills: list[Literal["zero", "mean"]] = field(default_factory=lambda: ["zero", "mean"])
     """How removed channels are filled: 0, or their mean activation on the ablation set."""
-    ablation_samples: int = field(default=1000, metadata={"ge": 10})
-    """Balanced, seeded subset of the test set used for ablations."""
+    ablation_samples: int = field(default=500, metadata={"ge": 10})
+    """Balanced, seeded subset of the test set used for ablations (was 1,000: the
+    ablations cost as much as the rest of the diagnostic; each score now carries its
+    sampling interval, ``ci95``, about +-0.14 on a class's 50 images at recall 0.5)."""
     audit: bool = False
     """Also find the global model's circuits on the server's audit set (needs
     ``data.audit_per_class`` > 0) and compare them with its circuits in client contexts."""
