@@ -52,6 +52,7 @@ import numpy as np
 import yaml
 
 from fedmech_flwr.arrays import NamedArrays, load_arrays, save_arrays
+from fedmech_flwr.data import repo_root
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
@@ -325,7 +326,7 @@ class RunFolder:
             "platform": platform.platform(),
             "host": socket.gethostname(),
             "packages": {p: _version(p) for p in ("fedmech-flwr", "flwr", "torch", "torchvision", "numpy", "ray")},
-            "git": _git_revision(APP_DIR),
+            "git": _git_revision(repo_root()),
             "flower_run_config": run_config,
         }
         write_text_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import REPO
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.run_folder import (
     CHECKPOINT_DIR,
@@ -36,6 +37,17 @@ def test_records_come_back_in_order_and_by_kind(tmp_path):
     assert np.isnan(read_records(folder.path, "eval")[1]["accuracy"])
     assert records[1]["details"] == "logs/client_failures.log"
     assert "round 1, client 2" in (folder.path / "logs/client_failures.log").read_text()
+
+
+def test_environment_names_the_commit_of_the_checkout_the_run_started_from(tmp_path, monkeypatch):
+    """Flower runs the app from an unpacked copy without .git: the commit comes from
+    ``$FEDMECH_PROJECT_DIR``, the checkout ``fedmech run`` was started from."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDMECH_PROJECT_DIR", str(REPO))
+    folder = RunFolder.create(tmp_path, "x", tmp_path / "run")
+    folder.write_environment(0, "cpu", {})
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert json.loads((folder.path / "environment.json").read_text())["git"]["commit"] == head
 
 
 def test_a_torn_last_line_is_skipped_but_a_bad_line_before_it_is_an_error(tmp_path, caplog):
