@@ -1,6 +1,6 @@
 """Own-data nodes on the real Deployment Engine (``fedmech deploy-local --node-data``).
 
-Two runs, each about 1-2 min on 2 busy cores (every ClientApp message starts a process):
+Two runs, about 2.5 and 2 min on 2 busy cores (every ClientApp message starts a process):
 nodes on files holding exactly the simulation's shards must end bitwise as ``fedmech run``
 does; a mixed federation under TLS and SuperNode auth (2 shard nodes, 1 own-data node, 1
 node with bad data, refused) must complete and say in partitions.json which node is which.
