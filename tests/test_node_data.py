@@ -247,3 +247,25 @@ def test_deploy_local_refuses_bad_node_data_folders_before_flower_starts(tmp_pat
     assert cli.main([*command, str(tmp_path)]) == cli.EXIT_BAD_INPUT
     assert "--node-data holds 4 entries but federation.num_clients is 3" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_client_side_diagnostics_and_class_statistics_run_unchanged_on_node_data(tmp_path):
+    """circuits (on the client's data, after training and on the aggregate) and NCM's class
+    statistics: a node on its shard's file reports what the shard node reports."""
+    from fedmech_flwr import plugins
+    from fedmech_flwr.config import load_experiment
+
+    plugins.load()
+    cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml",
+                          ["federation.num_rounds=1", "strategy={name: ncm}",
+                           "diagnostics=[{name: circuits, gates: {steps: 10}, min_class_samples: 10, ablations: []}]"])
+    files = write_node_data(cfg, tmp_path / "nodes", clients=[2])
+    shards = run_in_process(cfg, tmp_path / "shards")
+    mixed = run_in_process(cfg, tmp_path / "mixed", node_configs=[
+        {"partition-id": 0, "num-partitions": 3}, {"partition-id": 1, "num-partitions": 3}, own(files[0])])
+    circuits = [r for r in read_records(mixed, "diagnostic") if r["name"] == "circuits"]
+    assert len(circuits) == 1 and without_measured(read_records(mixed)) == without_measured(read_records(shards))
+    ref, new = load_arrays(shards / FINAL_MODEL_FILE), load_arrays(mixed / FINAL_MODEL_FILE)
+    assert all(np.array_equal(ref[k], new[k]) for k in ref)  # NCM's head from the same class statistics
+    assert load_arrays(mixed / "diagnostics" / "circuits" / "round_001.safetensors").keys() == \
+        load_arrays(shards / "diagnostics" / "circuits" / "round_001.safetensors").keys()
