@@ -9,8 +9,9 @@ A node trains on one of two kinds of data, chosen by its ``--node-config``:
   folder tree (``node_data``), checked against the experiment when the server first asks
   who the node is, before any round; bad data is refused there with the reason.
 
-For each train message this adapter builds the client's data, converts the global ``ArrayRecord`` to a NumPy list in ``state_dict`` order, calls the
-client's ``fit``, runs the due client-side diagnostics, and replies with:
+For each train message this adapter builds the client's data, converts the global
+``ArrayRecord`` to a NumPy list in ``state_dict`` order, calls the client's ``fit``, runs
+the due client-side diagnostics, and replies with:
 
 - ``arrays``: the trained weights (ArrayRecord, same names as the global model);
 - ``metrics``: ``num-examples`` and the client's numeric metrics (MetricRecord; the
