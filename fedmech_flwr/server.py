@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
@@ -150,7 +151,7 @@ def run_experiment(
     return folder.path
 
 
-def _partition_entries(roster: Roster, parts, hist) -> list[dict[str, Any]]:
+def _partition_entries(roster: Roster, parts: list[np.ndarray], hist: np.ndarray) -> list[dict[str, Any]]:
     """partitions.json's client entries: a shard's count and histogram from the server's
     partition, an own-data node's as it reported them, each saying which it is."""
     entries = []
