@@ -22,7 +22,7 @@ from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import Registry
-from fedmech_flwr.training import evaluate, local_steps, seed_everything, train_epochs
+from fedmech_flwr.training import local_steps, seed_everything, train_epochs
 
 CLIENTS: Registry[type[FedMechClient]] = Registry("client")
 
@@ -107,8 +107,3 @@ class FedMechClient(NumPyClient):
             "layer-sparsity": json.dumps(layer_sparsity(self.model)),
         }
         return self.get_parameters({}), stats.num_examples, metrics
-
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-        self.set_parameters(parameters)
-        res = evaluate(self.model, self.data.x, self.data.y, self.data.num_classes)
-        return res.loss, res.num_examples, {"accuracy": res.accuracy}
