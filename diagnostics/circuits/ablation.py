@@ -226,14 +226,19 @@ def predict_groups(
             for lo in range(0, len(groups), per_pass):
                 k = min(per_pass, len(groups) - lo)
                 edits = {name: _group_replacer(keep[name][lo : lo + k], value[name][lo : lo + k]) for name in names}
-                replay = channels_last(first[0].repeat(k, *[1] * (first[0].ndim - 1)))
-                with _replayed(gate_point(model, names[0], position), replay), patched(model, edits, position):
-                    rows.append(model(xb.repeat(k, *[1] * (xb.ndim - 1))).argmax(dim=1).view(k, -1).cpu())
+                with _replayed(gate_point(model, names[0], position), _stacked(first[0], k)), \
+                        patched(model, edits, position):
+                    rows.append(model(_stacked(xb, k)).argmax(dim=1).view(k, -1).cpu())
             preds.append(torch.cat(rows) if rows else torch.zeros(0, len(xb), dtype=torch.long))
     baseline = torch.cat(base) if base else torch.zeros(0, dtype=torch.long)
     if not names:
         return baseline, baseline.expand(len(groups), -1).clone()
     return baseline, torch.cat(preds, dim=1) if preds else torch.zeros(len(groups), 0, dtype=torch.long)
+
+
+def _stacked(t: Tensor, k: int) -> Tensor:
+    """``k`` copies of a batch, group-major (the batch itself when k is 1: no copy)."""
+    return t if k == 1 else channels_last(t.repeat(k, *[1] * (t.ndim - 1)))
 
 
 @contextmanager

@@ -49,8 +49,8 @@ Cost (benchmarks/circuits_round.py, README "Benchmarks"): discovery stops each c
 its mask is stable (``gates.patience``; null is the paper's fixed 300 steps); all
 ablations of a model run as one batched pass; discovery, ablations and features run on a
 channels-last copy of the model. Changed defaults and random streams: ``gates.patience``
-20 (was: none), so a class stops after ~100-180 steps with masks of mean IoU >= 0.95 with
-the full run's; a stopped class draws no more samples from its own generator (the others'
+30 and ``gates.min_steps`` 100 (was: none), so a class stops after ~140-180 steps with
+masks of mean IoU >= 0.95 with the full run's; a stopped class draws no more samples from its own generator (the others'
 are untouched); random control circuits are drawn in the same order (variant, client,
 class) from the same per-round generator as before. Warm starts (``learn_circuits``'s
 ``start``) are not used: the global model's circuit started from the client's local one
