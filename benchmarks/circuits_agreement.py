@@ -11,7 +11,7 @@ holding classes 0-2) and compares, on that client's data and the test set:
 - the misalignment probe: on features from the channels-last copy against features from
   the model as it is: accuracy difference in points.
 
-    python benchmarks/circuits_agreement.py [--channels 64 128 256] [--ablation-samples 1000]
+    python benchmarks/circuits_agreement.py [--channels 64 128 256] [--ablation-samples 500]
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--channels", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--samples", type=int, default=6000, help="training images of the checkpoint")
     parser.add_argument("--steps", type=int, default=300, help="gate steps (at most)")
-    parser.add_argument("--ablation-samples", type=int, default=1000)
+    parser.add_argument("--ablation-samples", type=int, default=500, help="the diagnostic's default")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--npz", default=None, help="CIFAR-10 .npz (default: the project's search path)")
     args = parser.parse_args(argv)
