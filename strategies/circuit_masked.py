@@ -24,9 +24,7 @@ set contains (``unused/<layer>``). Client: any.
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +36,7 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import decode_results
+from fedmech_flwr.masks import unpack_masks
 from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 
 CIRCUITS = "circuits"
 """The diagnostic whose client-side results carry the local circuits."""
-_HEADER = struct.Struct("<I")
 
 
 @dataclass
@@ -58,21 +56,10 @@ class CircuitMaskedConfig(FedAvgConfig):
 
 def circuit_channels(packed: bytes, layers: dict[str, int]) -> dict[str, np.ndarray]:
     """The channels a client's local circuits use, per gated layer: the union over its
-    classes. ``packed`` is the circuits diagnostic's ``masks`` (a JSON header with the
-    classes and layer sizes, then one bit per channel, class after class)."""
-    (length,) = _HEADER.unpack_from(packed)
-    header = json.loads(packed[_HEADER.size : _HEADER.size + length])
-    used = {layer: np.zeros(size, bool) for layer, size in layers.items()}
-    if not header["classes"]:
-        return used
-    if header["layers"] != layers:
-        raise ValueError(f"circuits were found for layers {header['layers']}, the model has {layers}")
-    packed_layers: dict[str, int] = header["layers"]
-    per_class = sum(packed_layers.values())
-    bits = np.unpackbits(np.frombuffer(packed, np.uint8, offset=_HEADER.size + length))
-    rows = bits[: per_class * len(header["classes"])].reshape(-1, per_class).astype(bool).any(0)
-    offsets = np.cumsum([0, *packed_layers.values()])
-    return {layer: rows[offsets[i] : offsets[i + 1]] for i, layer in enumerate(packed_layers)}
+    classes of the circuits diagnostic's packed ``masks``."""
+    masks = list(unpack_masks(packed, layers).values())
+    return {layer: np.any([m[layer] for m in masks], axis=0) if masks else np.zeros(size, bool)
+            for layer, size in layers.items()}
 
 
 def random_like(used: dict[str, np.ndarray], seed: int, server_round: int, partition_id: int) -> dict[str, np.ndarray]:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from diagnostics.circuits.metrics import pack_masks
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, weighted_mean
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import encode_results
+from fedmech_flwr.masks import pack_masks
 from fedmech_flwr.models import build_model
 from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext

@@ -87,15 +87,7 @@ from diagnostics.circuits.ablation import (
 )
 from diagnostics.circuits.discovery import discover_circuits, learn_circuits
 from diagnostics.circuits.gates import GateConfig
-from diagnostics.circuits.metrics import (
-    PAPER_EMPTY_IOU,
-    circuit_iou,
-    circuit_size,
-    is_empty,
-    pack_masks,
-    to_bools,
-    unpack_masks,
-)
+from diagnostics.circuits.metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty
 from diagnostics.timing import Clock
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
@@ -108,6 +100,7 @@ from fedmech_flwr.hooks import (
     GlobalContext,
     RoundState,
 )
+from fedmech_flwr.masks import pack_masks, to_bools, unpack_masks
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
 from fedmech_flwr.training import DEGENERATE_FRACTION, largest_predicted_class
 

@@ -100,11 +100,6 @@ def hard_concrete_sample(log_alpha: Tensor, uniform: Tensor, cfg: GateConfig) ->
     return (s * (cfg.zeta - cfg.gamma) + cfg.gamma).clamp(0.0, 1.0)
 
 
-def hard_concrete_mean(log_alpha: Tensor, cfg: GateConfig) -> Tensor:
-    """The deterministic (test-time) hard-concrete gate."""
-    return (torch.sigmoid(log_alpha) * (cfg.zeta - cfg.gamma) + cfg.gamma).clamp(0.0, 1.0)
-
-
 def l0_penalty(logits: Tensor, cfg: GateConfig) -> Tensor:
     """Unweighted penalty per row of ``logits`` [rows, channels]: the soft count of open
     channels (STE) or the expected number of non-zero gates (hard-concrete)."""
