@@ -5,7 +5,7 @@ clients (Dirichlet 0.5), SimpleCNN [64, 128, 256] at 99.9% sparsity, 5 local epo
 full shards, the paper's gates (STE, init 2.0, Adam 0.1, lambda 0.01, 300 steps), 1,000
 ablation images. It runs in-process (no Ray, clients one after the other on the same
 threads, so the costs compare) and reads the times from the run folder: local training
-is the clients' ``train-seconds``; the circuit diagnostics are the client-side discovery
+is the clients' ``train_seconds``; the circuit diagnostics are the client-side discovery
 of local and global circuits and the server side (IoUs, prediction checks, ablations).
 The last column is diagnostics / training.
 
@@ -42,7 +42,7 @@ def round_parts(run_dir: Path) -> list[dict[str, float]]:
         server = rec.get("server_seconds", {})
         row = {
             "round": rec["round"],
-            "training": sum(c["train-seconds"] for c in clients if c["round"] == rec["round"]),
+            "training": sum(c["train_seconds"] for c in clients if c["round"] == rec["round"]),
             "local discovery": sum(s["local"] or 0 for s in seconds),
             "global discovery": sum(s["global"] or 0 for s in seconds),
             "iou": server.get("iou", 0.0) + server.get("audit_discovery", 0.0),

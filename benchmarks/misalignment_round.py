@@ -3,7 +3,7 @@
 The default (``benchmarks/misalignment_round.yaml``) is the paper's setting: CIFAR-10
 over 10 clients, SimpleCNN [64, 128, 256], 5 local epochs over full shards, probe,
 realigned head, tau-norm, NCM and CCVR. In-process (clients one after the other on the
-same threads); local training is the clients' ``train-seconds``, the diagnostic is the
+same threads); local training is the clients' ``train_seconds``, the diagnostic is the
 clients' class statistics (a features pass over each shard) and the server's parts
 (features of the audit and test sets, probe, realigned heads, heads from client
 statistics). The last column is diagnostic / training.
@@ -33,7 +33,7 @@ def round_parts(run_dir: Path) -> list[dict[str, float]]:
     clients = read_records(run_dir, "client")
     rows = []
     for rec in (r for r in read_records(run_dir, "diagnostic") if r["name"] == "misalignment"):
-        row = {"round": rec["round"], "training": sum(c["train-seconds"] for c in clients if c["round"] == rec["round"]),
+        row = {"round": rec["round"], "training": sum(c["train_seconds"] for c in clients if c["round"] == rec["round"]),
                "client stats": sum(s or 0 for s in rec["client_seconds"].values()), **rec["server_seconds"]}
         row["ratio"] = sum(row.get(p, 0.0) for p in PARTS) / row["training"]
         rows.append(row)

@@ -108,7 +108,7 @@ def in_flower(overrides: list[str]) -> tuple[float, float]:
         run_dir = next(Path(out).iterdir())
         clients = [r for r in read_records(run_dir, "client") if r["round"] > 1]
         evals = [r for r in read_records(run_dir, "eval") if r["round"] > 1]
-    loop = statistics.median(r["train-samples-per-s"] for r in clients)
+    loop = statistics.median(r["train_samples_per_s"] for r in clients)
     whole = statistics.median(c["num_examples"] / e["train_round_seconds"] for c, e in zip(clients, evals))
     return loop, whole
 

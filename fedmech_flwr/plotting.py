@@ -151,7 +151,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         acc = {"global model (test)": [(r["round"], r["accuracy"]) for r in evals]}
         by_round = defaultdict(list)
         for r in clients:
-            by_round[r["round"]].append(r["train-accuracy"])
+            by_round[r["round"]].append(r["train_accuracy"])
         if by_round:
             acc["clients, mean train accuracy"] = [(k, float(np.mean(v))) for k, v in by_round.items()]
         out.append(line_plot(acc, "Accuracy over rounds", "accuracy", plots / "accuracy.png", (0.0, 1.0)))

@@ -117,6 +117,12 @@ def _record_line(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
 
 
+def record_key(key: str) -> str:
+    """A key as records write it: Python's snake_case. What clients and strategies send is
+    keyed Flower's way (``train-loss`` in a MetricRecord) and renamed on the way in."""
+    return key.replace("-", "_")
+
+
 def _is_record(value: Any) -> bool:
     """Whether a parsed metrics.jsonl line has what every record has (``_record_line``)."""
     return (isinstance(value, dict) and isinstance(value.get("kind"), str)
@@ -346,7 +352,7 @@ class RunFolder:
             os.fsync(fh.fileno())
 
     def client(self, server_round: int, update: ClientUpdate) -> None:
-        metrics = {k: v for k, v in update.metrics.items() if k != "num-examples"}
+        metrics = {record_key(k): v for k, v in update.metrics.items() if k != "num-examples"}
         self.append({"kind": "client", "round": server_round, "partition_id": update.partition_id,
                      "num_examples": update.num_examples, **metrics})
 
@@ -378,8 +384,8 @@ class RunFolder:
 
     def strategy(self, server_round: int, metrics: dict[str, Any]) -> None:
         """The aggregate's MetricRecord (the strategy's own per-round figures, e.g.
-        ``aggregate-seconds`` or what matched_avg moved)."""
-        self.append({"kind": "strategy", "round": server_round, **metrics})
+        ``aggregate_seconds`` or what matched_avg moved)."""
+        self.append({"kind": "strategy", "round": server_round, **{record_key(k): v for k, v in metrics.items()}})
 
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})

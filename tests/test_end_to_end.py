@@ -65,7 +65,7 @@ def test_metrics_records(smoke_run, smoke_cfg):
     assert {r["kind"] for r in records} == {"eval", "client", "diagnostic", "strategy"}
     aggregates = read_records(smoke_run, "strategy")  # the aggregate's MetricRecord, a round each
     assert [r["round"] for r in aggregates] == list(range(1, ROUNDS + 1))
-    assert all(r["aggregate-seconds"] >= 0 and r["train-loss"] > 0 for r in aggregates)
+    assert all(r["aggregate_seconds"] >= 0 and r["train_loss"] > 0 for r in aggregates)
     evals = read_records(smoke_run, "eval")
     assert [r["round"] for r in evals] == list(range(ROUNDS + 1))
     for r in evals:
@@ -82,12 +82,12 @@ def test_metrics_records(smoke_run, smoke_cfg):
     ]
     sizes = [c["num_samples"] for c in json.loads((smoke_run / "partitions.json").read_text())["clients"]]
     for r in clients:
-        per_class = r["local-per-class-accuracy"]
+        per_class = r["local_per_class_accuracy"]
         assert isinstance(per_class, list) and len(per_class) == CLASSES
         assert all(v is None or 0.0 <= v <= 1.0 for v in per_class)
-        assert isinstance(r["layer-sparsity"], dict)
-        assert set(r["layer-sparsity"]) == {"conv1.weight", "conv2.weight", "head.weight"}
-        assert r["layer-sparsity"]["head.weight"] == 0.0  # include_head: false
+        assert isinstance(r["layer_sparsity"], dict)
+        assert set(r["layer_sparsity"]) == {"conv1.weight", "conv2.weight", "head.weight"}
+        assert r["layer_sparsity"]["head.weight"] == 0.0  # include_head: false
         assert r["num_examples"] == smoke_cfg.train.epochs * sizes[r["partition_id"]]
         assert r["sparsity"] >= 0.9 - 0.01  # clients reach the target within a round
 

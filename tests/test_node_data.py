@@ -202,7 +202,7 @@ def test_own_data_with_a_validation_split_reports_its_numbers(tmp_path, node_fil
     cfg = smoke_config(["federation.num_clients=1", "federation.num_rounds=1"])
     run = run_in_process(cfg, tmp_path / "runs", node_configs=[own(path)])
     (record,) = read_records(run, "client")
-    assert 0.0 <= record["val-accuracy"] <= 1.0 and record["val-loss"] > 0
+    assert 0.0 <= record["val_accuracy"] <= 1.0 and record["val_loss"] > 0
 
 
 def test_a_node_with_both_a_partition_and_own_data_is_refused():

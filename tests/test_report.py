@@ -75,7 +75,7 @@ def write_run(path: Path, cfg: dict, status: str = "completed", accuracy: float 
                       "train_round_seconds": 1.5, "server_peak_rss_mb": 300.0})
         if r == 0:
             continue
-        lines.append({"kind": "client", "round": r, "partition_id": 0, "num_examples": 10, "train-accuracy": 0.5,
+        lines.append({"kind": "client", "round": r, "partition_id": 0, "num_examples": 10, "train_accuracy": 0.5,
                       "sparsity": 0.9})
         glob = accuracy * scale
         lines.append({
