@@ -25,9 +25,9 @@ the due client-side diagnostics, and replies with:
 aggregate; the ClientApp runs the due diagnostics' ``client_side_global`` on it with the
 client's data and replies with a ``report``.
 
-``query.class_stats`` messages (sent by data-free realignment strategies) carry a model;
-the ClientApp replies with per-class statistics of its penultimate features on the
-client's whole shard (``stats``: counts, sums, second moments; no samples leave).
+Any other ``query.<name>`` is a strategy's client query: it carries a model, and the
+ClientApp replies with the record of the handler registered under ``name`` in
+``fedmech_flwr.strategy.CLIENT_QUERIES``, run on the client's own data.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedmech_flwr import plugins
@@ -48,16 +48,34 @@ from fedmech_flwr.client import CLIENTS, ClientData
 from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
-from fedmech_flwr.heads import class_stats, features
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
 from fedmech_flwr.protocol import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
-from fedmech_flwr.strategy import CLASS_STATS_ACTION
+from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
 
 log = logging.getLogger(__name__)
 
-app = ClientApp()
+_CORE_QUERIES = ("", "default", DIAGNOSE_ACTION)
+"""The query actions the core answers itself: identify (a plain ``query``) and diagnose."""
+
+
+class _ClientApp(ClientApp):
+    """Flower's ClientApp, which also answers strategies' client queries.
+
+    Flower dispatches by exact message type, so ``query.<name>`` for any name not in
+    ``_CORE_QUERIES`` goes to ``client_query``, which looks the name up when the message
+    arrives: queries registered after import (plug-ins load lazily; tests register their
+    own) are served, and an unknown name is refused naming the registered ones."""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        category, _, action = message.metadata.message_type.partition(".")
+        if category == MessageType.QUERY and action not in _CORE_QUERIES:
+            return client_query(message, context)
+        return super().__call__(message, context)
+
+
+app = _ClientApp()
 
 DATA_PATH = "data-path"
 """node-config key: the node's own data (an .npz or an image folder tree)."""
@@ -229,10 +247,12 @@ def diagnose(msg: Message, context: Context) -> Message:
     return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
 
 
-@app.query(CLASS_STATS_ACTION)
-def report_class_stats(msg: Message, context: Context) -> Message:
-    cfg, _, _, _, data, model = _setup(msg, context)
+def client_query(msg: Message, context: Context) -> Message:
+    """Answer a strategy's ``query.<name>`` with its registered handler's record."""
+    plugins.load()
+    handler = CLIENT_QUERIES.get(msg.metadata.message_type.partition(".")[2]).factory
+    cfg, server_round, pid, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
-    covariance = str(msg.content["config"]["covariance"])
-    stats = class_stats(features(model, data.x, batch_size=cfg.eval_batch_size), data.y, data.num_classes, covariance)
-    return Message(RecordDict({"stats": to_record(stats.to_arrays())}), reply_to=msg)
+    ctx = QueryContext(server_round, pid, model.eval(), msg.content["config"], data.x, data.y, data.num_classes,
+                       device, cfg.seed, cfg.eval_batch_size)
+    return Message(handler(ctx), reply_to=msg)

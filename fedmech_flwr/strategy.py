@@ -7,32 +7,27 @@ Build Flower strategies with ``**OFFERED_NODES_ONLY`` to get that behaviour. A s
 that keeps state across rounds (server momentum, control variates) implements
 ``fedmech_flwr.protocol.Resumable`` so that a resumed run restores it.
 
-A strategy that needs the clients' per-class feature statistics of a model (data-free
-head realignment) asks for them with :func:`request_class_stats`; every ClientApp answers.
+A strategy with a client side registers its query handlers in ``CLIENT_QUERIES``, as a
+diagnostic overrides ``client_side``: ``handler(QueryContext) -> RecordDict``. The strategy
+sends ``query.<name>`` with :func:`fedmech_flwr.protocol.query_nodes`: arrays, and a
+config record holding the train config's entries (the experiment, the round) plus its own;
+every ClientApp answers with the handler's record, computed on the client's own data
+(``strategies/class_stats.py``: the per-class feature statistics NCM and CCVR ask for).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
-from flwr.serverapp import Grid
+from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from fedmech_flwr.arrays import NamedArrays, from_record
-from fedmech_flwr.heads import ClassStats, Covariance
+from fedmech_flwr.arrays import NamedArrays
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.protocol import query_nodes
 from fedmech_flwr.registry import Registry
-
-log = logging.getLogger(__name__)
-
-CLASS_STATS_ACTION = "class_stats"
-"""``query.class_stats``: a client's per-class feature statistics of the sent model."""
 
 OFFERED_NODES_ONLY: dict[str, Any] = {
     "fraction_train": 1.0,
@@ -65,20 +60,28 @@ class StrategyContext:
 STRATEGIES: Registry[Callable[[Any, StrategyContext], Strategy]] = Registry("strategy")
 
 
-def request_class_stats(
-    grid: Grid, node_ids: Iterable[int], arrays: ArrayRecord, config: ConfigRecord, covariance: Covariance, timeout: float
-) -> ClassStats:
-    """Ask nodes for per-class statistics of ``arrays``' penultimate features on their
-    own data; return the statistics summed over the nodes that answered (failures are
-    logged). ``config`` must carry the experiment (the train config does)."""
-    query = ConfigRecord({**dict(config), "covariance": covariance})
-    parts, failed = [], []
-    for reply in query_nodes(grid, node_ids, CLASS_STATS_ACTION, arrays, query, timeout):
-        if reply.has_error():
-            failed.append(reply.metadata.src_node_id)
-            log.warning("node %d sent no class statistics: %s", reply.metadata.src_node_id, reply.error.reason)
-            continue
-        parts.append(ClassStats.from_arrays(from_record(reply.content["stats"])))
-    if not parts:
-        raise RuntimeError(f"no node returned class statistics (failed: {failed})")
-    return ClassStats.sum(parts)
+@dataclass
+class QueryContext:
+    """What a strategy's client-side query handler may read inside the ClientApp."""
+
+    server_round: int
+    partition_id: int
+    model: FedMechModel
+    """The model the query carried (eval mode, on the client's device)."""
+    config: ConfigRecord
+    """The query's config: the train config's entries (the experiment, the round) and the
+    strategy's own."""
+    x: torch.Tensor
+    y: torch.Tensor
+    """The client's own training data."""
+    num_classes: int
+    device: torch.device
+    seed: int
+    """The experiment's seed."""
+    batch_size: int
+    """The experiment's evaluation batch size, for forward passes over ``x``."""
+
+
+CLIENT_QUERIES: Registry[Callable[[QueryContext], RecordDict]] = Registry("client query")
+"""Strategies' client-side handlers by query name: ``query.<name>`` is answered with
+``handler(ctx)``'s record."""

@@ -6,6 +6,8 @@ overrides ``configure_train``), write a factory ``f(params, ctx) -> Strategy`` t
 (``pairs_with=`` when it needs a particular client, ``check=`` for rules between its
 parameters and the experiment or its data, run at validation) and import the module here. Sampling,
 failure policy and diagnostics come from the round protocol that wraps every strategy.
+Work on the clients' data is a client query: register its handler in
+``fedmech_flwr.strategy.CLIENT_QUERIES`` (``class_stats`` is one).
 """
 
-from strategies import circuit_masked, fedavg, fedbabu, fedprox, matched_avg, realign  # noqa: F401
+from strategies import circuit_masked, class_stats, fedavg, fedbabu, fedprox, matched_avg, realign  # noqa: F401

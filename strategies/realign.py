@@ -10,7 +10,8 @@ it replaces the head of the aggregate; the next round starts from that model.
   rest of the audit set. Server data: the audit set. Client: any.
 - ``ncm``: the nearest-class-mean head from the clients' per-class feature means of the
   new aggregate. Server data: none. Client: any (every ClientApp answers
-  ``query.class_stats``; one extra round trip per realignment).
+  ``query.class_stats``, see ``strategies.class_stats``; one extra round trip per
+  realignment).
 - ``ccvr``: Classifier Calibration with Virtual Representations (Luo et al. 2021,
   arXiv:2106.05001): retrain the head on features sampled from class Gaussians built from
   the clients' means and covariances. Server data: none. Client: any (as ``ncm``).
@@ -45,9 +46,10 @@ from fedmech_flwr.heads import (
     train_linear,
 )
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, request_class_stats
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key
+from strategies.class_stats import request_class_stats
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
 log = logging.getLogger(__name__)
