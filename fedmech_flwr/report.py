@@ -372,12 +372,14 @@ def _number(metric: Metric, value: float, signed: bool = False) -> str:
 
 
 def format_stat(metric: Metric, stat: Stat | None) -> str:
-    """``71.2 ± 3.1 (n=3)``; ``+21.7 ± 2.0 pp (n=3)`` for gaps; ``undefined (4 empty)``."""
+    """``71.2 ± 3.1 (n=3)``; ``+21.7 ± 2.0 pp (n=3)`` for gaps; ``undefined (4 empty)`` when
+    empty circuits leave no IoU; ``undefined in 3 runs`` otherwise (e.g. an intra-client IoU
+    when circuits ran in one round only)."""
     if stat is None:
         return "–"
     empty = f", {stat.empty} empty" if stat.empty is not None else ""
     if stat.mean is None:
-        return f"undefined ({stat.empty} empty)" if stat.empty is not None else f"undefined ({stat.undefined} runs)"
+        return f"undefined ({stat.empty} empty)" if stat.empty else f"undefined in {stat.undefined} runs"
     unit = " pp" if metric.unit == "pp" else ""
     text = _number(metric, stat.mean, signed=metric.unit == "pp")
     text += f" ± {_number(metric, stat.half_width)}{unit} (n={stat.n})" if stat.half_width is not None \

@@ -17,7 +17,7 @@ import yaml
 
 from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.report import read_paper_values, write_report
+from fedmech_flwr.report import METRICS, Stat, format_stat, read_paper_values, write_report
 
 T2 = 4.302652730  # t_{0.975, df=2}
 T1 = 12.706204736  # t_{0.975, df=1}
@@ -355,3 +355,10 @@ def test_the_page_opens_in_a_headless_browser(sweep_report, tmp_path):
     assert "1 of 3 completed (partial)" in cells and "40.0 (n=1, no interval)" in cells
     assert "undefined (4 empty)" in cells and "+5.3 pp" in cells
     assert f"{82.0:.1f} ± {T2 * 2 / math.sqrt(3):.1f} (n=3)" in cells
+
+
+def test_an_undefined_iou_says_whether_empty_circuits_are_the_reason():
+    iou = METRICS["circuits.intra_client"]
+    assert format_stat(iou, Stat(None, None, 0, undefined=2, empty=4)) == "undefined (4 empty)"
+    assert format_stat(iou, Stat(None, None, 0, undefined=3, empty=0)) == "undefined in 3 runs"  # e.g. one round only
+    assert format_stat(iou, Stat(0.25, 0.05, 3, empty=1)) == "0.25 ± 0.05 (n=3), 1 empty"
