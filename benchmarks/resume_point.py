@@ -24,7 +24,7 @@ EXPERIMENT = REPO / "benchmarks" / "throughput.yaml"
 
 def main() -> None:
     from fedmech_flwr import plugins
-    from fedmech_flwr.config import load_experiment
+    from fedmech_flwr.experiment import load_experiment
     from fedmech_flwr.inprocess import run_in_process
     from fedmech_flwr.run_folder import STATE_FILE, RunFolder
 

@@ -36,8 +36,7 @@ SAMPLES_PER_CLIENT = 20
 def model_mib() -> float:
     """Size of one model's weights, MiB."""
     from fedmech_flwr import plugins
-    from fedmech_flwr.config import load_experiment
-    from fedmech_flwr.experiment import load_data, new_model
+    from fedmech_flwr.experiment import load_data, load_experiment, new_model
 
     plugins.load()
     cfg = load_experiment(EXPERIMENT, [MODEL])

@@ -39,8 +39,7 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     ``bare_loop``, alternated on the same data, model, batch, optimiser and threads; medians
     over the repeats after the first (a warm-up)."""
     from fedmech_flwr import plugins
-    from fedmech_flwr.config import load_experiment
-    from fedmech_flwr.experiment import client_partitions, load_data, new_model
+    from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
     from fedmech_flwr.pruning import MagnitudePruner
     from fedmech_flwr.training import local_steps, seed_everything, train_epochs
 

@@ -31,15 +31,9 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import (
-    PARTNERS,
-    PLUGIN_KEYS,
-    ExperimentConfig,
-    differing_keys,
-    load_experiment,
-    plugin_registries,
-)
+from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
+from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, STATE_FILE, FolderLock, RunFolder, read_status

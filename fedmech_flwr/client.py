@@ -18,11 +18,10 @@ import torch
 from flwr.client import NumPyClient
 from torch import nn
 
-from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import Registry
-from fedmech_flwr.training import local_steps, seed_everything, train_epochs
+from fedmech_flwr.training import TrainConfig, local_steps, seed_everything, train_epochs
 
 CLIENTS: Registry[type[FedMechClient]] = Registry("client")
 

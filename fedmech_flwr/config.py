@@ -18,11 +18,17 @@ from typing import Any, Literal
 
 import yaml
 
+from fedmech_flwr.client import CLIENTS
+from fedmech_flwr.data import DATASETS
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.hooks import DIAGNOSTICS
+from fedmech_flwr.models import MODELS
+from fedmech_flwr.partition import PARTITIONERS
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.registry import Registry
+from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
-
 
 PLUGIN_KEYS = {
     "dataset": "data.dataset",
@@ -38,15 +44,7 @@ PARTNERS = {"strategy": "client", "client": "strategy"}
 
 
 def plugin_registries() -> dict[str, Registry]:
-    """The registry of each plug-in kind, keyed as ``PLUGIN_KEYS`` (imported lazily: the
-    registries import config)."""
-    from fedmech_flwr.client import CLIENTS
-    from fedmech_flwr.data import DATASETS
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.models import MODELS
-    from fedmech_flwr.partition import PARTITIONERS
-    from fedmech_flwr.strategy import STRATEGIES
-
+    """The registry of each plug-in kind, keyed as ``PLUGIN_KEYS``."""
     return {
         "dataset": DATASETS,
         "partition": PARTITIONERS,
@@ -131,22 +129,6 @@ class DataConfig:
     """The server-held audit set: this many training samples of each class (seeded) are
     held out from every client and given to server-side diagnostics as the data set
     ``audit``. 0: no audit set. Never the test set."""
-
-
-@dataclass
-class TrainConfig:
-    """Local training, identical for every client plug-in."""
-
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = field(default=1e-3, metadata={"gt": 0.0})
-    momentum: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
-    """SGD momentum (ignored by Adam)."""
-    weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
-    epochs: int = field(default=1, metadata={"ge": 1})
-    """Local epochs per round."""
-    batch_size: int = field(default=64, metadata={"ge": 1})
-    max_samples_per_round: int | None = field(default=None, metadata={"ge": 1})
-    """Train on a seeded random subset of this many local samples per round; null = all."""
 
 
 @dataclass
@@ -269,24 +251,10 @@ def _check_pairing(cfg: ExperimentConfig, where: str) -> None:
             )
 
 
-def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
-    """Validate a plain mapping (YAML contents) into an ExperimentConfig, then check it
-    against its data and every chosen plug-in's own rules
-    (``fedmech_flwr.experiment.check_experiment``): what parses here, the ServerApp
-    accepts at start.
-
-    ``source`` names the file in error messages. Call ``fedmech_flwr.plugins.load()``
-    first so every plug-in has registered its name and config.
-    """
-    from fedmech_flwr.experiment import check_experiment  # it imports this module
-
-    cfg = _parse_structure(raw, source)
-    check_experiment(cfg, f"{source}:")
-    return cfg
-
-
-def _parse_structure(raw: Any, source: str) -> ExperimentConfig:
-    """Keys, types, ranges, names and the rules between fields; no data read."""
+def parse_structure(raw: Any, source: str) -> ExperimentConfig:
+    """A plain mapping (YAML contents) as an ExperimentConfig: keys, types, ranges, names
+    and the rules between fields; no data read (``experiment.parse_experiment`` checks
+    it against its data too). ``source`` names the file in error messages."""
     cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
     _check_cross_field(cfg, f"{source}: ")
     return cfg
@@ -353,14 +321,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return raw if raw is not None else {}
 
 
-def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read, override and validate an experiment file."""
-    raw = apply_overrides(read_yaml(path), overrides or [])
-    return parse_experiment(raw, str(path))
-
-
 def experiment_from_json(text: str) -> ExperimentConfig:
     """Rebuild the resolved config that the ServerApp sends to clients. The ServerApp
     checked it against the data at start; a node's copy of the data may live elsewhere
     (``data-root``), so only its structure is validated here."""
-    return _parse_structure(json.loads(text), "config from the ServerApp")
+    return parse_structure(json.loads(text), "config from the ServerApp")

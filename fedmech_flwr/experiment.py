@@ -10,13 +10,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays
-from fedmech_flwr.config import PLUGIN_KEYS, ExperimentConfig, plugin_registries
+from fedmech_flwr.config import (
+    PLUGIN_KEYS,
+    ExperimentConfig,
+    apply_overrides,
+    parse_structure,
+    plugin_registries,
+    read_yaml,
+)
 from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_dataset
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
@@ -24,14 +32,31 @@ from fedmech_flwr.partition import partition_dataset
 from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key, to_plain
 
-if TYPE_CHECKING:
-    from fedmech_flwr.node_data import NodeDataSpec
-
 _PARTITIONS: dict[str, list[np.ndarray]] = {}
 
 
 def load_data(cfg: ExperimentConfig) -> DatasetBundle:
     return load_dataset(cfg.data.dataset.name, cfg.data.dataset.params)
+
+
+def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
+    """Validate a plain mapping (YAML contents) into an ExperimentConfig
+    (``config.parse_structure``), then check it against its data and every chosen
+    plug-in's own rules (``check_experiment``): what parses here, the ServerApp accepts at
+    start.
+
+    ``source`` names the file in error messages. Call ``fedmech_flwr.plugins.load()``
+    first so every plug-in has registered its name and config.
+    """
+    cfg = parse_structure(raw, source)
+    check_experiment(cfg, f"{source}:")
+    return cfg
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment file."""
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    return parse_experiment(raw, str(path))
 
 
 def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
@@ -128,9 +153,21 @@ def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -
     return _PARTITIONS[key]
 
 
-def new_model(cfg: ExperimentConfig, bundle: DatasetBundle | NodeDataSpec, device: torch.device | str = "cpu") -> FedMechModel:
-    """The model of this experiment for ``bundle``'s images and classes (a node with its
-    own data knows them from the server's ``NodeDataSpec``); weights are seeded by ``cfg.seed``."""
+class ImageShape(Protocol):
+    """What a model is built for: a ``DatasetBundle``, or the server's ``NodeDataSpec`` on a
+    node with its own data."""
+
+    @property
+    def in_channels(self) -> int: ...
+    @property
+    def num_classes(self) -> int: ...
+    @property
+    def image_size(self) -> int: ...
+
+
+def new_model(cfg: ExperimentConfig, bundle: ImageShape, device: torch.device | str = "cpu") -> FedMechModel:
+    """The model of this experiment for ``bundle``'s images and classes; weights are
+    seeded by ``cfg.seed``."""
     seed_everything(cfg.seed)
     model = build_model(
         cfg.model.name,

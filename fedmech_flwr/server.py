@@ -26,20 +26,21 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite
-from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import (
     audit_indices,
     check_disjoint_from_test,
     client_partitions,
     load_data,
+    load_experiment,
     model_builder,
     new_model,
 )
 from fedmech_flwr.hooks import ClientUpdate, RoundState
+from fedmech_flwr.node_data import NodeDataSpec
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.node_data import NodeDataSpec
 from fedmech_flwr.protocol import (
     CLIENT_IDS_KEY,
     CONFIG_KEY,

@@ -16,7 +16,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import load_experiment
+from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import APP_DIR
 from fedmech_flwr.server import resume_config, run_experiment
 

@@ -53,15 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import (
-    ExperimentConfig,
-    apply_overrides,
-    differing_keys,
-    override,
-    parse_experiment,
-    read_yaml,
-)
+from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, override, read_yaml
 from fedmech_flwr.errors import ConfigError, RunFolderError
+from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.launch import launch, stop_all
 from fedmech_flwr.run_folder import CONFIG_FILE, FolderLock, live_holder, process_alive, read_records, read_status

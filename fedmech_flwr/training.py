@@ -11,16 +11,33 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.pruning import MagnitudePruner
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Local training, identical for every client plug-in."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = field(default=1e-3, metadata={"gt": 0.0})
+    momentum: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
+    """SGD momentum (ignored by Adam)."""
+    weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
+    epochs: int = field(default=1, metadata={"ge": 1})
+    """Local epochs per round."""
+    batch_size: int = field(default=64, metadata={"ge": 1})
+    max_samples_per_round: int | None = field(default=None, metadata={"ge": 1})
+    """Train on a seeded random subset of this many local samples per round; null = all."""
+
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

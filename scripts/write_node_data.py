@@ -17,8 +17,8 @@ import argparse
 import sys
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import load_experiment
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.node_data import NODE_FORMATS, write_node_data
 
 

@@ -20,7 +20,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
-from fedmech_flwr.config import ExperimentConfig, load_experiment
+from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.reaper import MARKER
 from fedmech_flwr.run_folder import read_records, read_status

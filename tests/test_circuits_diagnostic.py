@@ -10,20 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.app import ConfigRecord
 
-from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from conftest import as_killed, assert_same_run
+from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from faults import Fault, SimulatedCrash, faulty_app
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import load_arrays, model_arrays
-from fedmech_flwr.config import load_experiment
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.hooks import ClientUpdate, RoundState, decode_results, encode_results
 from fedmech_flwr.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.masks import pack_masks, unpack_masks
 from fedmech_flwr.models import build_model
 from fedmech_flwr.run_folder import STATE_FILE, read_records
-from flwr.app import ConfigRecord
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,11 +12,11 @@ from clients.fedbabu import FedBABUClient
 from clients.fedlc import FedLCClient, FedLCConfig
 from clients.proximal import ProximalClient
 from fedmech_flwr.client import ClientData
-from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.training import TrainConfig
 
 
 def make_client(cls, params=None, labels=(0, 0, 0, 1, 1, 2), pruning: PruningConfig | None = None):

@@ -11,15 +11,9 @@ import yaml
 
 from conftest import REPO, SMOKE, smoke_config
 from fedmech_flwr import plugins
-from fedmech_flwr.config import (
-    apply_overrides,
-    experiment_from_json,
-    load_experiment,
-    override,
-    parse_experiment,
-    read_yaml,
-)
+from fedmech_flwr.config import apply_overrides, experiment_from_json, override, read_yaml
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.experiment import load_experiment, parse_experiment
 from fedmech_flwr.registry import Registry
 from fedmech_flwr.typed import to_plain
 

@@ -16,9 +16,8 @@ import yaml
 from conftest import run_folders, smoke_config, without_measured
 from faults import Fault, faulty_app
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
-from fedmech_flwr.config import parse_experiment
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_data, new_model
+from fedmech_flwr.experiment import load_data, new_model, parse_experiment
 from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
 from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.protocol import ClientFailure, RoundProtocol

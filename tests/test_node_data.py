@@ -253,7 +253,7 @@ def test_client_side_diagnostics_and_class_statistics_run_unchanged_on_node_data
     """circuits (on the client's data, after training and on the aggregate) and NCM's class
     statistics: a node on its shard's file reports what the shard node reports."""
     from fedmech_flwr import plugins
-    from fedmech_flwr.config import load_experiment
+    from fedmech_flwr.experiment import load_experiment
 
     plugins.load()
     cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml",

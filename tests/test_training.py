@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedmech_flwr.config import TrainConfig
 from fedmech_flwr.models import build_model
 from fedmech_flwr.training import (
+    TrainConfig,
     channels_last_copy,
     evaluate,
     largest_predicted_class,
