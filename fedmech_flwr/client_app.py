@@ -50,7 +50,7 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
-from fedmech_flwr.protocol import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
+from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
 

@@ -22,9 +22,9 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.reaper import MARKER
 from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.wire import REPORT_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "experiments" / "smoke.yaml"

@@ -16,8 +16,8 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import encode_results
 from fedmech_flwr.masks import pack_masks
 from fedmech_flwr.models import build_model
-from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.wire import REPORT_KEY
 from strategies.circuit_masked import CircuitMaskedConfig, channel_weights, check_circuit_masked_avg, circuit_channels
 from strategies.matched_avg import MatchedAvgConfig, check_matched_avg, permute
 

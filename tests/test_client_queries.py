@@ -16,8 +16,8 @@ from conftest import smoke_config
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.client_app import app as client_app
 from fedmech_flwr.inprocess import InProcessGrid, run_in_process
-from fedmech_flwr.protocol import query_nodes
 from fedmech_flwr.strategy import CLIENT_QUERIES, OFFERED_NODES_ONLY, STRATEGIES, QueryContext, StrategyContext
+from fedmech_flwr.wire import query_nodes
 
 CENSUS = "label_census"
 ANSWERS: dict[int, dict[int, MetricRecord]] = {}

@@ -15,8 +15,6 @@ from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.client_app import app as client_app
 from fedmech_flwr.inprocess import InProcessGrid
 from fedmech_flwr.protocol import (
-    CONFIG_KEY,
-    DATA_SPEC_KEY,
     NODE_PROVIDED,
     SHARD,
     ClientFailure,
@@ -25,6 +23,7 @@ from fedmech_flwr.protocol import (
     RoundSummary,
     discover_nodes,
 )
+from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY
 from strategies.fedavg import WeightedFedAvg
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.

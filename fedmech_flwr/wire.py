@@ -1,0 +1,33 @@
+"""The wire protocol between the server and the ClientApp: record keys, query actions
+and ``query_nodes``. Both sides import it, so neither imports the other."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+REPORT_KEY = "report"
+"""Name of the ConfigRecord in a reply with the client's partition-id, details and
+client-side diagnostic results."""
+CONFIG_KEY = "fedmech-config"
+"""ConfigRecord key holding the resolved experiment config as JSON (sent to clients)."""
+DIAGNOSE_ACTION = "diagnose"
+"""``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
+DATA_SPEC_KEY = "fedmech-data-spec"
+"""ConfigRecord key holding what a node's own data must match (``NodeDataSpec`` as JSON)."""
+CLIENT_IDS_KEY = "fedmech-client-ids"
+"""ConfigRecord key holding ``{node_id: client_id}`` as JSON (own-data nodes learn their id)."""
+
+
+def query_nodes(
+    grid: Grid, node_ids: Iterable[int], action: str, arrays: ArrayRecord, config: ConfigRecord, timeout: float
+) -> Iterable[Message]:
+    """Send ``query.<action>`` with ``arrays`` and ``config`` to every node; return the
+    replies that arrived within ``timeout`` (errors included)."""
+    messages = [
+        Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=f"{MessageType.QUERY}.{action}")
+        for node in node_ids
+    ]
+    return grid.send_and_receive(messages, timeout=timeout)
