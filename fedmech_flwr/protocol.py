@@ -15,7 +15,8 @@
   the global model is never poisoned);
 - the mask policy after aggregation (optional server-side re-pruning);
 - the per-client record of every round (FedAvg only keeps averaged metrics);
-- the diagnostics hook: every due diagnostic sees the round's models and data;
+- the diagnostics hook (``run_diagnostics``, called by the server's round end): every
+  due diagnostic sees the round's models and data;
 - resuming a killed run: Flower's ``Strategy.start`` always counts rounds from 1, so a
   run resumed after round r runs the remaining rounds with every round number shifted
   by r (``resume_after``), and restores what ``Resumable`` strategies and diagnostics
@@ -43,20 +44,10 @@ from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line
+from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
 
 log = logging.getLogger(__name__)
 
-REPORT_KEY = "report"
-"""Name of the ConfigRecord in a reply with the client's partition-id, details and
-client-side diagnostic results."""
-CONFIG_KEY = "fedmech-config"
-"""ConfigRecord key holding the resolved experiment config as JSON (sent to clients)."""
-DIAGNOSE_ACTION = "diagnose"
-"""``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
-DATA_SPEC_KEY = "fedmech-data-spec"
-"""ConfigRecord key holding what a node's own data must match (``NodeDataSpec`` as JSON)."""
-CLIENT_IDS_KEY = "fedmech-client-ids"
-"""ConfigRecord key holding ``{node_id: client_id}`` as JSON (own-data nodes learn their id)."""
 SHARD, NODE_PROVIDED = "shard", "node-provided"
 """Where a client's data comes from (``NodeInfo.source``, partitions.json ``source``)."""
 
@@ -86,18 +77,6 @@ def failure_reason(error: Error) -> str:
     reason otherwise (of a traceback, its exception line: ``one_line``)."""
     reason = one_line(error.reason)
     return f"raised: {reason}" if error.code in RAISED_CODES else f"error {error.code}: {reason}"
-
-
-def query_nodes(
-    grid: Grid, node_ids: Iterable[int], action: str, arrays: ArrayRecord, config: ConfigRecord, timeout: float
-) -> Iterable[Message]:
-    """Send ``query.<action>`` with ``arrays`` and ``config`` to every node; return the
-    replies that arrived within ``timeout`` (errors included)."""
-    messages = [
-        Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=f"{MessageType.QUERY}.{action}")
-        for node in node_ids
-    ]
-    return grid.send_and_receive(messages, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -302,6 +281,7 @@ class RoundProtocol(Strategy):
         """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
         self._sent_arrays: NamedArrays = {}
+        self._updates: dict[int, ClientUpdate] = {}
         self._grid: Grid | None = None
         self._train_config = ConfigRecord()
 
@@ -323,18 +303,19 @@ class RoundProtocol(Strategy):
         grid: Grid,
         arrays: NamedArrays,
         train_config: ConfigRecord,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None],
+        end_round: Callable[[int, ArrayRecord], MetricRecord | None],
     ) -> None:
         """Flower's ``start`` for the rounds still to do, from ``arrays``.
 
-        ``evaluate_fn`` gets the experiment's round number. A resumed run skips the
-        round-0 evaluation (it was recorded before the kill).
+        Flower calls ``end_round`` (as its ``evaluate_fn``) after each round's aggregation
+        and before the first, with the experiment's round number; a resumed run skips
+        round 0 (it was recorded before the kill).
         """
 
         def shifted(server_round: int, record: ArrayRecord) -> MetricRecord | None:
             if server_round == 0 and self.resume_after is not None:
                 return None
-            return evaluate_fn(server_round + self.offset, record)
+            return end_round(server_round + self.offset, record)
 
         fed = self.cfg.federation
         self.start(grid, to_record(arrays), num_rounds=fed.num_rounds - self.offset, timeout=fed.round_timeout_s,
@@ -371,7 +352,7 @@ class RoundProtocol(Strategy):
         self.current.train_seconds = time.perf_counter() - self.current.started_at
         usable, failures = self._screen(replies)
         self._apply_failure_policy(server_round, failures, len(usable))
-        updates = {u.partition_id: u for _, u in usable}
+        updates = self._updates = {u.partition_id: u for _, u in usable}
         self.current.succeeded = tuple(updates)
         for update in updates.values():
             self.recorder.client(server_round, update)
@@ -382,7 +363,6 @@ class RoundProtocol(Strategy):
             self.recorder.strategy(server_round, dict(metrics))
         if self.post_aggregate is not None:
             arrays = to_record(self.post_aggregate(from_record(arrays)))
-        self._run_diagnostics(server_round, arrays, updates)
         return arrays, metrics
 
     def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str, str]]]:
@@ -421,7 +401,10 @@ class RoundProtocol(Strategy):
                 f"round {server_round}: only {num_usable} successful replies, federation.min_replies is {fed.min_replies}"
             )
 
-    def _run_diagnostics(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
+    def run_diagnostics(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Run the diagnostics due in ``server_round`` on its global model ``arrays`` and
+        the updates its clients sent, and record their results."""
+        updates = self._updates
         due = [(spec, diag) for spec, diag in self.diagnostics if spec.due(server_round)]
         if not due:
             return

@@ -4,10 +4,11 @@
 tests calls it too, with a Grid that runs the ClientApp directly. With ``resume`` it
 continues a killed run in its own folder from the last round that folder committed.
 
-Every round ends with the server evaluation, then the numbered checkpoint (every
-``federation.checkpoint_every`` rounds), then the resume point (every round): a global
-loss or model that is NaN/Inf stops the run before either is written, so both keep the
-last good model.
+``run_experiment`` builds one ``RunContext``; ``RoundEnd`` ends every round after the
+round protocol aggregated (and re-pruned) it: diagnostics, the server evaluation, the
+divergence check, the numbered checkpoint (every ``federation.checkpoint_every`` rounds),
+then the resume point (every round). A global loss or model that is NaN/Inf stops the run
+before either is written, so both keep the last good model.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import math
 import os
 import resource
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +28,10 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite
-from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
 from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import (
     audit_indices,
@@ -37,30 +42,45 @@ from fedmech_flwr.experiment import (
     model_builder,
     new_model,
 )
-from fedmech_flwr.hooks import ClientUpdate, RoundState
+from fedmech_flwr.hooks import ClientUpdate, Diagnostic, RoundState
 from fedmech_flwr.node_data import NodeDataSpec
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.protocol import (
-    CLIENT_IDS_KEY,
-    CONFIG_KEY,
-    DATA_SPEC_KEY,
-    SHARD,
-    ClientFailure,
-    Roster,
-    RoundProtocol,
-    discover_nodes,
-)
+from fedmech_flwr.protocol import SHARD, ClientFailure, Roster, RoundProtocol, discover_nodes
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.run_folder import CONFIG_FILE, STATE_FILE, ResumePoint, RunFolder
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import evaluate, resolve_device
+from fedmech_flwr.training import EvalResult, evaluate, resolve_device
+from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY
 
 log = logging.getLogger(__name__)
 
 
 class Diverged(RuntimeError):
     """The global model's test loss or weights became NaN/Inf; the run stops."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the rounds of one run need, built once by ``run_experiment``."""
+
+    cfg: ExperimentConfig
+    folder: RunFolder
+    model: torch.nn.Module
+    """The server's model: each round's global model is loaded into it for evaluation."""
+    build: Callable[[NamedArrays], torch.nn.Module]
+    """A fresh model holding given arrays (re-pruning, diagnostics)."""
+    device: torch.device
+    num_classes: int
+    datasets: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    """``test``, and ``audit`` when the experiment has one, on ``device``."""
+    strategy: Strategy
+    diagnostics: list[tuple[DiagnosticSpec, Diagnostic]]
+    partitions: dict[int, int]
+    """``{client_id: node_id}`` of the nodes accepted at discovery."""
+    train_config: ConfigRecord
+    resume_from: ResumePoint | None
+    """The killed run's last committed round; None for a new run or one killed before round 0."""
 
 
 def output_root(cfg: ExperimentConfig, out: str | None = None) -> Path:
@@ -136,9 +156,9 @@ def run_experiment(
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
         if audit_set is not None:
             datasets["audit"] = audit_set
-        final = _run_rounds(grid, cfg, folder, roster.node_ids, model, point, strategy, diagnostics, bundle, datasets,
-                            device, train_config)
-        folder.final_model(final)
+        run = RunContext(cfg, folder, model, model_builder(cfg, bundle, device), device, bundle.num_classes, datasets,
+                         strategy, diagnostics, roster.node_ids, train_config, point)
+        folder.final_model(_run_rounds(grid, run))
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
         try:  # a failed run still gets the plots of the rounds it finished
@@ -196,60 +216,86 @@ def _resume_point(folder: RunFolder, model) -> ResumePoint | None:
     return point
 
 
-def _run_rounds(grid, cfg, folder, partitions, model, point, strategy, diagnostics, bundle, datasets, device,
-                train_config) -> NamedArrays:
-    """Run the rounds after ``point`` (all of them if None); return the last committed
-    global model."""
-    fed = cfg.federation
-    x_test, y_test = datasets["test"]
-    start = point or ResumePoint(0, model_arrays(model), {})
+def _run_rounds(grid: Grid, run: RunContext) -> NamedArrays:
+    """Run the rounds after ``run.resume_from`` (all of them if None); return the last
+    committed global model."""
+    start = run.resume_from or ResumePoint(0, model_arrays(run.model), {})
+    pruning = run.cfg.pruning
+    reprune = partial(_reprune, run) if pruning.mode == "magnitude" and pruning.server_reprune else None
+    protocol = RoundProtocol(run.strategy, run.cfg, run.partitions, run.diagnostics, partial(_round_state, run),
+                             run.folder, reprune, resume_after=start.last_round if run.resume_from else None)
+    if run.resume_from:
+        protocol.restore(run.resume_from.protocol_state)
+    round_end = RoundEnd(run, protocol, start)
+    protocol.run(grid, start.global_arrays, run.train_config, round_end)
+    return round_end.committed.global_arrays
 
-    build = model_builder(cfg, bundle, device)
 
-    def make_state(rnd: int, global_arrays: NamedArrays, previous: NamedArrays, clients: dict[int, ClientUpdate]) -> RoundState:
-        return RoundState(rnd, global_arrays, previous, clients, datasets, bundle.num_classes, build, device, cfg.seed)
+def _round_state(run: RunContext, rnd: int, global_arrays: NamedArrays, previous: NamedArrays,
+                 clients: dict[int, ClientUpdate]) -> RoundState:
+    """What the diagnostics see of round ``rnd``."""
+    return RoundState(rnd, global_arrays, previous, clients, run.datasets, run.num_classes, run.build, run.device,
+                      run.cfg.seed)
 
-    def reprune(arrays: NamedArrays) -> NamedArrays:
-        m = build(arrays)
-        prune_to(m, cfg.pruning.target_sparsity, cfg.pruning)
-        return model_arrays(m)
 
-    use_reprune = cfg.pruning.mode == "magnitude" and cfg.pruning.server_reprune
-    protocol = RoundProtocol(strategy, cfg, partitions, diagnostics, make_state, folder,
-                             reprune if use_reprune else None, resume_after=point.last_round if point else None)
-    if point:
-        protocol.restore(point.protocol_state)
-    committed = start
+def _reprune(run: RunContext, arrays: NamedArrays) -> NamedArrays:
+    """The aggregate pruned back to the target sparsity (the server's mask policy)."""
+    model = run.build(arrays)
+    prune_to(model, run.cfg.pruning.target_sparsity, run.cfg.pruning)
+    return model_arrays(model)
 
-    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        nonlocal committed
+
+class RoundEnd:
+    """Ends each round once the round protocol has aggregated and re-pruned it, in this
+    order: diagnostics, evaluation, divergence check, checkpoint, commit. Flower calls it
+    with the experiment's round number and global model (round 0: the initial model,
+    evaluated and committed; no diagnostics)."""
+
+    def __init__(self, run: RunContext, protocol: RoundProtocol, committed: ResumePoint) -> None:
+        self.run = run
+        self.protocol = protocol
+        self.committed = committed
+        """The last round whose model and state were saved as the resume point."""
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        run, fed = self.run, self.run.cfg.federation
+        if server_round > 0:
+            self.protocol.run_diagnostics(server_round, arrays)
         named = from_record(arrays)
-        load_model_arrays(model, named)
-        res = evaluate(model, x_test, y_test, bundle.num_classes, cfg.eval_batch_size)
-        sparsity = overall_sparsity(model, include_head=cfg.pruning.include_head)
-        summary = protocol.current
-        folder.eval(server_round, {
+        res, sparsity = self._evaluate(server_round, named)
+        _check_finite(server_round, res.loss, named, self.committed.last_round, run.folder)
+        state = self.protocol.state()
+        if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
+            run.folder.checkpoint(server_round, named, state)
+        self.committed = ResumePoint(server_round, named, state)
+        run.folder.save_state(self.committed)
+        self._log(server_round, res, sparsity)
+        return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
+
+    def _evaluate(self, server_round: int, named: NamedArrays) -> tuple[EvalResult, float]:
+        """Test the global model and write the round's eval record; return the result and
+        the model's overall sparsity."""
+        run, summary = self.run, self.protocol.current
+        load_model_arrays(run.model, named)
+        x_test, y_test = run.datasets["test"]
+        res = evaluate(run.model, x_test, y_test, run.num_classes, run.cfg.eval_batch_size)
+        sparsity = overall_sparsity(run.model, include_head=run.cfg.pruning.include_head)
+        run.folder.eval(server_round, {
             "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
-            "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
+            "sparsity": sparsity, "layer_sparsity": layer_sparsity(run.model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
             "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
         })
-        _check_finite(server_round, res.loss, named, committed.last_round, folder)
-        state = protocol.state()
-        if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
-            folder.checkpoint(server_round, named, state)
-        committed = ResumePoint(server_round, named, state)
-        folder.save_state(committed)
+        return res, sparsity
+
+    def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
+        summary = self.protocol.current
         seconds = time.perf_counter() - summary.started_at if server_round else 0.0
         log.info(
             "round %d/%d | test acc %.2f%% | loss %.4f | clients %d/%d | sparsity %.2f%% | %.1fs",
-            server_round, fed.num_rounds, 100 * res.accuracy, res.loss, len(summary.succeeded),
+            server_round, self.run.cfg.federation.num_rounds, 100 * res.accuracy, res.loss, len(summary.succeeded),
             len(summary.sampled), 100 * sparsity, seconds,
         )
-        return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
-
-    protocol.run(grid, start.global_arrays, train_config, evaluate_fn)
-    return committed.global_arrays
 
 
 def _check_finite(server_round: int, loss: float, arrays: NamedArrays, last_good: int, folder: RunFolder) -> None:
