@@ -41,6 +41,7 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     from fedmech_flwr import plugins
     from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
     from fedmech_flwr.pruning import MagnitudePruner
+    from fedmech_flwr.seeds import seed_for
     from fedmech_flwr.training import local_steps, seed_everything, train_epochs
 
     plugins.load()
@@ -50,7 +51,7 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     idx = torch.from_numpy(client_partitions(cfg, bundle)[0])
     engine, bare = [], []
     for r in range(repeats):
-        generator = seed_everything(cfg.seed, 0, r)
+        generator = seed_everything(seed_for(cfg.seed, "local-training", 0, r))
         sub = idx[torch.randperm(len(idx), generator=generator)[: cfg.train.max_samples_per_round]]
         x, y = bundle.x_train[sub], bundle.y_train[sub]
         model = new_model(cfg, bundle)

@@ -69,6 +69,7 @@ from fedmech_flwr.heads import (
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.training import DEGENERATE_FRACTION, seed_everything
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Misalignment(Diagnostic):
     """Global head vs linear probe vs realigned head, every due round."""
 
     def _splits(self, y: torch.Tensor, num_classes: int, seed: int) -> _Splits:
-        generator = seed_everything(seed, 4242)
+        generator = seed_everything(seed_for(seed, "misalignment-split"))
         val, train = balanced_split(y, _val_per_class(self.params, len(y) // num_classes), num_classes, generator)
         head, _ = balanced_split(y[train], self.params.head_samples // num_classes, num_classes, generator)
         return _Splits(train, val, train[head])
@@ -153,20 +154,21 @@ class Misalignment(Diagnostic):
         x_audit, y_audit = state.datasets["audit"]
         x_test, y_test = state.datasets["test"]
         splits = self._splits(y_audit, n, state.seed)
-        seed = (state.seed, state.server_round)
+        probe_seed = seed_for(state.seed, "misalignment-probe", None, state.server_round)
         model = state.build_model(state.global_arrays)
         f_audit, layers_audit = features_at(model, x_audit, p.probe_layers)
         f_test, layers_test = features_at(model, x_test, p.probe_layers)
         own = LinearHead.of(model)
         results: dict[str, Any] = {"global": _scores(score(own, f_test, y_test, n))}
         clock.lap("features")
-        results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed)
+        results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, probe_seed)
         clock.lap("probe")
 
         def head_data(idx):
             return f_audit[idx], y_audit[idx]
 
-        snapshots = train_linear(*head_data(splits.head), own, p.head, seed_everything(*seed, 2))[1:]
+        generator = seed_everything(seed_for(state.seed, "misalignment-head", None, state.server_round))
+        snapshots = train_linear(*head_data(splits.head), own, p.head, generator)[1:]
         chosen = best_epoch(snapshots, *head_data(splits.validation), n)
         results["realigned"] = {**_scores(score(snapshots[chosen], f_test, y_test, n)), "epoch": chosen + 1}
         by_test = best_epoch(snapshots, f_test, y_test, n)
@@ -179,7 +181,7 @@ class Misalignment(Diagnostic):
             results["tau_norm"] = _scores(score(tau_normalize(own, p.tau), f_test, y_test, n))
         clock.lap("realigned")
         if p.client_stats:
-            results.update(self._from_client_stats(state, own, f_test, y_test, seed))
+            results.update(self._from_client_stats(state, own, f_test, y_test))
         clock.lap("client_stats")
         results["gaps"] = {k: results[k]["accuracy"] - results["global"]["accuracy"] for k in ("probe", "realigned")}
         results["per_class_gaps"] = {
@@ -187,11 +189,11 @@ class Misalignment(Diagnostic):
         }
         for layer in p.probe_layers:
             results.setdefault("layers", {})[layer] = self._probe(layers_audit[layer], y_audit, layers_test[layer], y_test,
-                                                                  splits, n, seed)
+                                                                  splits, n, probe_seed)
         clock.lap("layers")
         if p.probe_clients:
             results["clients"] = {
-                str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, seed)
+                str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, probe_seed)
                 for pid, update in state.clients.items()
             }
         clock.lap("clients")
@@ -211,14 +213,14 @@ class Misalignment(Diagnostic):
                         state.server_round, 100 * DEGENERATE_FRACTION, ", ".join(degenerate))
         return DiagnosticResult(metrics=results)
 
-    def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
+    def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed: int) -> dict[str, Any]:
         """A fresh linear classifier on standardised features, epoch selected on validation."""
         f_train = f_audit[splits.train]
         mean, std = f_train.mean(0), f_train.std(0)
         std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
         norm = lambda f: (f - mean) / std  # noqa: E731
         zero = LinearHead(torch.zeros(n, f_audit.shape[1]), torch.zeros(n))
-        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe, seed_everything(*seed, 3))[1:]
+        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe, seed_everything(seed))[1:]
         f_val, y_val = norm(f_audit[splits.validation]), y_audit[splits.validation]
         chosen = best_epoch(snapshots, f_val, y_val, n)
         return {
@@ -227,14 +229,14 @@ class Misalignment(Diagnostic):
             "epoch": chosen + 1,
         }
 
-    def _client(self, model: FedMechModel, x_audit, y_audit, x_test, y_test, splits: _Splits, n: int, seed) -> dict[str, Any]:
+    def _client(self, model: FedMechModel, x_audit, y_audit, x_test, y_test, splits: _Splits, n: int, seed: int) -> dict[str, Any]:
         f_audit, f_test = features(model, x_audit), features(model, x_test)
         return {
             "own_head": _scores(score(LinearHead.of(model), f_test, y_test, n)),
             "probe": self._probe(f_audit, y_audit, f_test, y_test, splits, n, seed),
         }
 
-    def _from_client_stats(self, state: RoundState, own: LinearHead, f_test, y_test, seed) -> dict[str, Any]:
+    def _from_client_stats(self, state: RoundState, own: LinearHead, f_test, y_test) -> dict[str, Any]:
         parts = [
             ClassStats.from_arrays(load_bytes(u.global_diagnostics["misalignment"]["class_stats"]))
             for u in state.clients.values()
@@ -247,7 +249,8 @@ class Misalignment(Diagnostic):
         if "ncm" in self.params.client_stats:
             out["ncm"] = _scores(score(ncm_head(stats, own), f_test, y_test, n))
         if "ccvr" in self.params.client_stats:
-            head = ccvr_head(stats, own, self.params.ccvr_virtual_per_class, self.params.ccvr_train, seed_everything(*seed, 4))
+            generator = seed_everything(seed_for(state.seed, "misalignment-ccvr", None, state.server_round))
+            head = ccvr_head(stats, own, self.params.ccvr_virtual_per_class, self.params.ccvr_train, generator)
             out["ccvr"] = _scores(score(head, f_test, y_test, n))
         for key in out:
             out[key]["clients"] = len(parts)

@@ -21,6 +21,7 @@ from torch import nn
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import Registry
+from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.training import TrainConfig, local_steps, seed_everything, train_epochs
 
 CLIENTS: Registry[type[FedMechClient]] = Registry("client")
@@ -90,7 +91,8 @@ class FedMechClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         self.set_parameters(parameters)
-        generator = seed_everything(self.seed, self.partition_id, int(config["server-round"]))
+        server_round = int(config["server-round"])
+        generator = seed_everything(seed_for(self.seed, "local-training", self.partition_id, server_round))
         x, y = self.round_data(generator)
         pruner = None
         if self.pruning.mode == "magnitude":

@@ -29,6 +29,7 @@ from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_datase
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
+from fedmech_flwr.seeds import numpy_rng, seed_for
 from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key, to_plain
 
@@ -107,7 +108,7 @@ def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -> np
     labels = bundle.y_train.numpy()
     if per_class == 0:
         return np.zeros(0, dtype=np.int64)
-    rng = np.random.default_rng([cfg.seed, 104729])
+    rng = numpy_rng(cfg.seed, "audit-set")
     picks = []
     for c in range(bundle.num_classes):
         pool = np.flatnonzero(labels == c)
@@ -168,7 +169,7 @@ class ImageShape(Protocol):
 def new_model(cfg: ExperimentConfig, bundle: ImageShape, device: torch.device | str = "cpu") -> FedMechModel:
     """The model of this experiment for ``bundle``'s images and classes; weights are
     seeded by ``cfg.seed``."""
-    seed_everything(cfg.seed)
+    seed_everything(seed_for(cfg.seed, "model-init"))
     model = build_model(
         cfg.model.name,
         cfg.model.params,

@@ -71,7 +71,8 @@ class RoundState:
     """A fresh model (eval mode, on the run's device) holding the given arrays."""
     device: torch.device
     seed: int
-    """The experiment's seed (derive every random choice from it and the round)."""
+    """The experiment's seed: derive every random choice with ``fedmech_flwr.seeds.seed_for``
+    from it, a named purpose and the round."""
 
 
 @dataclass
@@ -89,6 +90,9 @@ class ClientContext:
     """The client's own training data."""
     num_classes: int
     device: torch.device
+    seed: int = 0
+    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
+    round (0 until the ClientApp passes ``cfg.seed``)."""
 
 
 @dataclass
@@ -103,6 +107,9 @@ class GlobalContext:
     y: torch.Tensor
     num_classes: int
     device: torch.device
+    seed: int = 0
+    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
+    round (0 until the ClientApp passes ``cfg.seed``)."""
 
 
 @dataclass

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -44,6 +43,7 @@ from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line
+from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,7 @@ class RoundProtocol(Strategy):
         everyone = sorted(self.partitions)
         if fed.clients_per_round is None or fed.clients_per_round >= len(everyone):
             return everyone
-        rng = np.random.default_rng([self.cfg.seed, server_round, 7919])
+        rng = numpy_rng(self.cfg.seed, "client-sampling", None, server_round)
         return sorted(int(p) for p in rng.choice(everyone, size=fed.clients_per_round, replace=False))
 
     def summary(self) -> None:

@@ -46,6 +46,7 @@ class StrategyContext:
     num_classes: int
     num_rounds: int
     seed: int
+    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with a named purpose and the round."""
     round_timeout_s: float
     """How long a strategy's own round trips to the clients may wait."""
     initial: NamedArrays
@@ -77,7 +78,7 @@ class QueryContext:
     num_classes: int
     device: torch.device
     seed: int
-    """The experiment's seed."""
+    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and round."""
     batch_size: int
     """The experiment's evaluation batch size, for forward passes over ``x``."""
 

@@ -63,15 +63,14 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
 
 
-def seed_everything(*parts: int) -> torch.Generator:
-    """Seed Python, NumPy and torch from a tuple (e.g. seed, partition-id, round).
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch with ``seed`` (from ``fedmech_flwr.seeds.seed_for``).
 
     Returns a CPU generator for batch order, so data order does not depend on how many
     random numbers other code drew before.
     """
-    seed = int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 

@@ -38,6 +38,7 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import decode_results
 from fedmech_flwr.masks import unpack_masks
 from fedmech_flwr.protocol import REPORT_KEY
+from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
@@ -65,8 +66,8 @@ def circuit_channels(packed: bytes, layers: dict[str, int]) -> dict[str, np.ndar
 def random_like(used: dict[str, np.ndarray], seed: int, server_round: int, partition_id: int) -> dict[str, np.ndarray]:
     """Random channel sets of the same sizes as ``used``, per layer."""
     out = {}
-    for i, (layer, mask) in enumerate(used.items()):
-        rng = np.random.default_rng([seed, server_round, partition_id, i])
+    for layer, mask in used.items():
+        rng = numpy_rng(seed, f"circuit-masked-random/{layer}", partition_id, server_round)
         out[layer] = np.zeros(mask.size, bool)
         out[layer][rng.choice(mask.size, int(mask.sum()), replace=False)] = True
     return out

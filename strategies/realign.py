@@ -46,6 +46,7 @@ from fedmech_flwr.heads import (
     train_linear,
 )
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key
@@ -121,14 +122,15 @@ class FedAvgHeadRealign(RealigningFedAvg):
         super().__init__(params, ctx)
         x, y = ctx.audit  # check_head_realign made sure there is one, large enough
         per_class = head_set_per_class(params.samples, len(y) // ctx.num_classes - 1, ctx.num_classes, "strategy.samples")
-        head_idx, rest = balanced_split(y, per_class, ctx.num_classes, seed_everything(ctx.seed, 31337))
+        generator = seed_everything(seed_for(ctx.seed, "head-realign-split"))
+        head_idx, rest = balanced_split(y, per_class, ctx.num_classes, generator)
         self.head_set = (x[head_idx], y[head_idx])
         self.val_set = (x[rest], y[rest])
         self.train_cfg = params.train
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         f_head, f_val = features(model, self.head_set[0]), features(model, self.val_set[0])
-        generator = seed_everything(self.ctx.seed, server_round, 31337)
+        generator = seed_everything(seed_for(self.ctx.seed, "head-realign", None, server_round))
         snapshots = train_linear(f_head, self.head_set[1], LinearHead.of(model), self.train_cfg, generator)
         return snapshots[best_epoch(snapshots, f_val, self.val_set[1], self.ctx.num_classes)]
 
@@ -163,7 +165,7 @@ class CCVR(RealigningFedAvg):
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         stats = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
-        generator = seed_everything(self.ctx.seed, server_round, 2106)
+        generator = seed_everything(seed_for(self.ctx.seed, "ccvr", None, server_round))
         return ccvr_head(stats, LinearHead.of(model), self.params.virtual_per_class, self.params.train, generator)
 
 

@@ -102,6 +102,7 @@ from fedmech_flwr.hooks import (
 )
 from fedmech_flwr.masks import pack_masks, to_bools, unpack_masks
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+from fedmech_flwr.seeds import seed_for, torch_generator
 from fedmech_flwr.training import DEGENERATE_FRACTION, largest_predicted_class
 
 log = logging.getLogger(__name__)
@@ -202,19 +203,20 @@ class Circuits(Diagnostic):
             pid, c, layer = key.split("/", 2)
             self._previous.setdefault(int(pid), {}).setdefault(int(c), {})[layer] = mask
 
-    def _discover(self, model, x, y, num_classes: int, seed: tuple[int, ...]) -> dict[str, Any]:
+    def _discover(self, model, x, y, num_classes: int, generator: torch.Generator) -> dict[str, Any]:
         held = _held(y, num_classes, self.params.min_class_samples)
         start = time.perf_counter()
-        generator = torch.Generator().manual_seed(int(np.random.SeedSequence(list(seed)).generate_state(1)[0]))
         found = learn_circuits(model, x, y, held, self.params.gates, generator) if held else None
         return {"held": held, "masks": pack_masks(found.masks if found else {}), "seconds": time.perf_counter() - start,
                 "steps": found.steps if found else None}
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any]:
-        return self._discover(ctx.local_model, ctx.x, ctx.y, ctx.num_classes, (ctx.server_round, ctx.partition_id, 1))
+        return self._discover(ctx.local_model, ctx.x, ctx.y, ctx.num_classes,
+                              torch_generator(ctx.seed, "circuits-local", ctx.partition_id, ctx.server_round))
 
     def client_side_global(self, ctx: GlobalContext) -> dict[str, Any]:
-        return self._discover(ctx.global_model, ctx.x, ctx.y, ctx.num_classes, (ctx.server_round, ctx.partition_id, 2))
+        return self._discover(ctx.global_model, ctx.x, ctx.y, ctx.num_classes,
+                              torch_generator(ctx.seed, "circuits-global", ctx.partition_id, ctx.server_round))
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         p = self.params
@@ -275,7 +277,8 @@ class Circuits(Diagnostic):
                    for layer in sizes}
             for kind, models in (("local", local), ("global", glob))
         }
-        ablation = (self._ablations(global_model, local_models, local, glob, audit, xs, ys, state.server_round)
+        generator = torch_generator(state.seed, "circuits-ablation", None, state.server_round)
+        ablation = (self._ablations(global_model, local_models, local, glob, audit, xs, ys, generator)
                     if p.ablations or audit else {})
         clock.lap("ablations")
         self._previous.update(local)
@@ -303,7 +306,8 @@ class Circuits(Diagnostic):
     def _ablation_set(self, state: RoundState) -> tuple[torch.Tensor, torch.Tensor]:
         """The balanced, seeded test subset that ablations and prediction checks run on."""
         x_test, y_test = state.datasets["test"]
-        subset = _balanced_subset(y_test, self.params.ablation_samples, state.num_classes, seed=state.server_round)
+        subset = _balanced_subset(y_test, self.params.ablation_samples, state.num_classes,
+                                  seed=seed_for(state.seed, "circuits-ablation-set", None, state.server_round))
         return x_test[subset.to(x_test.device)], y_test[subset.to(y_test.device)].cpu()
 
     def _empty_circuits(self, global_model, local_models, local, glob, audit, per_class, xs, ys) -> dict[str, Any]:
@@ -339,15 +343,14 @@ class Circuits(Diagnostic):
 
     def _audit_circuits(self, state: RoundState, global_model) -> dict[int, dict[str, Any]]:
         x, y = state.datasets["audit"]
-        generator = torch.Generator().manual_seed(state.server_round)
+        generator = torch_generator(state.seed, "circuits-audit", None, state.server_round)
         return discover_circuits(global_model, x, y, _held(y, state.num_classes, 1), self.params.gates, generator)
 
-    def _ablations(self, global_model, local_models, local, glob, audit, xs, ys, server_round: int) -> dict[str, Any]:
+    def _ablations(self, global_model, local_models, local, glob, audit, xs, ys, generator: torch.Generator) -> dict[str, Any]:
         """Every variant's ablation reports, one batched pass per model (the global model's
         variants share one). Random circuits are drawn in the order variant, client, class."""
         p = self.params
         position = p.gates.position
-        generator = torch.Generator().manual_seed(server_round)
 
         def means_of(model):
             return channel_means(model, xs, position=position) if "mean" in p.fills else None
