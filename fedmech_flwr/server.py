@@ -247,9 +247,9 @@ def _reprune(run: RunContext, arrays: NamedArrays) -> NamedArrays:
 
 class RoundEnd:
     """Ends each round once the round protocol has aggregated and re-pruned it, in this
-    order: diagnostics, evaluation, divergence check, checkpoint, commit. Flower calls it
-    with the experiment's round number and global model (round 0: the initial model,
-    evaluated and committed; no diagnostics)."""
+    order: evaluation, divergence check, diagnostics, checkpoint, commit (so no diagnostic
+    runs on a diverged model). Flower calls it with the experiment's round number and
+    global model (round 0: the initial model, evaluated and committed; no diagnostics)."""
 
     def __init__(self, run: RunContext, protocol: RoundProtocol, committed: ResumePoint) -> None:
         self.run = run
@@ -259,11 +259,11 @@ class RoundEnd:
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         run, fed = self.run, self.run.cfg.federation
-        if server_round > 0:
-            self.protocol.run_diagnostics(server_round, arrays)
         named = from_record(arrays)
         res, sparsity = self._evaluate(server_round, named)
         _check_finite(server_round, res.loss, named, self.committed.last_round, run.folder)
+        if server_round > 0:
+            self.protocol.run_diagnostics(server_round, arrays)
         state = self.protocol.state()
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             run.folder.checkpoint(server_round, named, state)

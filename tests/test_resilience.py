@@ -177,8 +177,8 @@ class CrashPoint:
 
 CRASH_POINTS = [
     CrashPoint("in client 2's training in round 2", None, 2, 0),
-    CrashPoint("after round 2's client, strategy and diagnostic records, before its eval", "eval", 2, 5, torn_line=True),
-    CrashPoint("after round 2's eval and before its checkpoint and commit", "checkpoint", 2, 6),
+    CrashPoint("after round 2's client and strategy records, before its eval", "eval", 2, 4, torn_line=True),
+    CrashPoint("after round 2's eval and diagnostic files, before its checkpoint and commit", "checkpoint", 2, 6),
     CrashPoint("before round 0 was committed", "eval", 0, 0),
 ]
 
