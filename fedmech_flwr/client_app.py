@@ -50,9 +50,9 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
-from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
+from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,8 @@ def train(msg: Message, context: Context) -> Message:
     if data.x_val is not None:  # a node's own validation split: its numbers are the node's alone, never averaged
         val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
-    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device)
+    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device,
+                        cfg.seed)
     results = {}
     for spec in cfg.diagnostics:
         if spec.due(server_round) and (out := spec.build().client_side(ctx)):
@@ -235,7 +236,7 @@ def train(msg: Message, context: Context) -> Message:
 def diagnose(msg: Message, context: Context) -> Message:
     cfg, server_round, pid, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
-    ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device)
+    ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device, cfg.seed)
     results = {}
     for spec in cfg.diagnostics:
         if not spec.due(server_round):

@@ -90,9 +90,9 @@ class ClientContext:
     """The client's own training data."""
     num_classes: int
     device: torch.device
-    seed: int = 0
+    seed: int
     """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
-    round (0 until the ClientApp passes ``cfg.seed``)."""
+    round."""
 
 
 @dataclass
@@ -107,9 +107,9 @@ class GlobalContext:
     y: torch.Tensor
     num_classes: int
     device: torch.device
-    seed: int = 0
+    seed: int
     """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
-    round (0 until the ClientApp passes ``cfg.seed``)."""
+    round."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ import zipfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 import numpy as np
 import torch
 

@@ -14,7 +14,7 @@ local training (``local-training``), the circuits diagnostic (``circuits-local``
 ``circuits-ablation``), the misalignment diagnostic (``misalignment-split``,
 ``misalignment-head``, ``misalignment-probe``, ``misalignment-ccvr``), the realigning
 strategies (``head-realign-split``, ``head-realign``, ``ccvr``) and
-``circuit_masked_avg``'s random control (``circuit-masked-random``). Data partitioning
+``circuit_masked_avg``'s random control (``circuit-masked-random/<layer>``). Data partitioning
 and synthetic data still use the run seed directly: they are drawn once per run. Circuit
 discovery splits the generator it is handed into per-class streams; that split is not a
 run-level seed and is unchanged.

@@ -37,9 +37,9 @@ from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import decode_results
 from fedmech_flwr.masks import unpack_masks
-from fedmech_flwr.protocol import REPORT_KEY
 from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
+from fedmech_flwr.wire import REPORT_KEY
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
 log = logging.getLogger(__name__)

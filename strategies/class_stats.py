@@ -16,8 +16,8 @@ from flwr.serverapp import Grid
 
 from fedmech_flwr.arrays import from_record, to_record
 from fedmech_flwr.heads import ClassStats, Covariance, class_stats, features
-from fedmech_flwr.wire import query_nodes
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
+from fedmech_flwr.wire import query_nodes
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ import torch
 from fedmech_flwr.data import (
     DEBIAN_FASHION_MNIST,
     IDX_FILES,
-    repo_root,
     CIFAR10Config,
     DataInfo,
     FashionMNISTConfig,
@@ -24,6 +23,7 @@ from fedmech_flwr.data import (
     fashion_mnist,
     load_dataset,
     read_idx,
+    repo_root,
 )
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 

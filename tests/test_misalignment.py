@@ -81,7 +81,7 @@ def test_client_statistics_give_ncm_and_ccvr_heads(separable_cnn):
     for pid, classes in enumerate([(0, 1), (2, 3)]):  # each client holds two classes
         keep = (data.y_train == classes[0]) | (data.y_train == classes[1])
         ctx = GlobalContext(3, pid, round_state(arrays, data).build_model(arrays), data.x_train[keep], data.y_train[keep],
-                            NUM_CLASSES, torch.device("cpu"))
+                            NUM_CLASSES, torch.device("cpu"), seed=0)
         update = ClientUpdate(pid, arrays, int(keep.sum()), {})
         update.global_diagnostics = {"misalignment": diag.client_side_global(ctx)}
         clients[pid] = update
@@ -97,7 +97,7 @@ def test_diagnostic_never_changes_the_weights(separable_cnn):
     state = round_state(arrays, data, {0: ClientUpdate(0, rolled_head(model_arrays(model)), 10, {})})
     diag = Misalignment(MisalignmentConfig(head_samples=40, probe_clients=True, probe_layers=["conv1"],
                                            client_stats=["ncm"]))
-    ctx = GlobalContext(3, 0, state.build_model(arrays), data.x_train, data.y_train, NUM_CLASSES, torch.device("cpu"))
+    ctx = GlobalContext(3, 0, state.build_model(arrays), data.x_train, data.y_train, NUM_CLASSES, torch.device("cpu"), 0)
     state.clients[0].global_diagnostics = {"misalignment": diag.client_side_global(ctx)}
     metrics = diag.server_side(state).metrics
     assert digest(arrays) == before and digest(state.clients[0].arrays) == before

@@ -9,10 +9,9 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from conftest import outgoing, train_reply
-
 from fedmech_flwr.arrays import from_record
-from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.client_app import app as client_app
+from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.inprocess import InProcessGrid
 from fedmech_flwr.protocol import (
     NODE_PROVIDED,

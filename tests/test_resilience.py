@@ -25,14 +25,14 @@ from flwr.common.constant import ErrorCode
 
 from conftest import SMOKE, as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
-from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
 from fedmech_flwr import cli
+from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
 from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
 from fedmech_flwr.inprocess import resume_in_process, run_in_process
-from fedmech_flwr.protocol import ClientFailure, failure_reason
 from fedmech_flwr.launch import LaunchResult
+from fedmech_flwr.protocol import ClientFailure, failure_reason
 from fedmech_flwr.run_folder import (
     LOCK_FILE,
     REASON_MAX_CHARS,

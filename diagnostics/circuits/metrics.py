@@ -10,7 +10,6 @@ import numpy as np
 
 from fedmech_flwr.masks import MaskLike, to_bools
 
-
 PAPER_EMPTY_IOU = 1.0
 """The paper's code scores a layer empty in both circuits 1.0 ("they agree"); here that
 convention is used only when asked for (``empty_iou: 1.0``) and is labelled wherever it is."""

@@ -36,8 +36,8 @@ from diagnostics.usae.sources import Source, load_source_model, parse_source, un
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.config import apply_overrides
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.experiment import audit_indices, load_data
+from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.training import resolve_device
 from fedmech_flwr.typed import parse_dataclass, to_plain
 
