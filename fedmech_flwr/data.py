@@ -173,18 +173,26 @@ DESCRIBERS: dict[str, Callable[[Any], DataInfo]] = {}
 """Datasets that can say their ``DataInfo`` without decoding their images, by name; any
 other dataset is loaded (and cached) to describe it."""
 
-_CACHE: dict[tuple[str, str], DatasetBundle] = {}
-_INFO: dict[tuple[str, str], DataInfo] = {}
+_CACHE: dict[tuple[str, ...], DatasetBundle] = {}
+_INFO: dict[tuple[str, ...], DataInfo] = {}
+_LOCATING_ENV = ("FEDMECH_CIFAR10_NPZ", "FEDMECH_PROJECT_DIR")
+"""Environment variables that change where a dataset is found: part of the cache key, so
+a changed variable is never answered from data read from the old place."""
+
+
+def _cache_key(name: str, cfg: Any) -> tuple[str, ...]:
+    return (name, repr(cfg), *(os.environ.get(var, "") for var in _LOCATING_ENV))
 
 
 def load_dataset(name: str, cfg: Any = None) -> DatasetBundle:
     """The dataset ``name`` built from ``cfg`` (its config dataclass; None: defaults).
 
-    Cached per process by (name, repr(cfg)), so repeated calls decode the files once.
+    Cached per process by (name, repr(cfg)) and the variables that locate data
+    (``_LOCATING_ENV``), so repeated calls decode the files once.
     """
     entry = DATASETS.get(name)
     cfg = entry.config_cls() if cfg is None else cfg
-    key = (name, repr(cfg))
+    key = _cache_key(name, cfg)
     if key not in _CACHE:
         _CACHE[key] = entry.factory(cfg)
     return _CACHE[key]
@@ -194,7 +202,7 @@ def dataset_info(name: str, cfg: Any = None) -> DataInfo:
     """The shape of dataset ``name`` built from ``cfg``, cached per process like
     ``load_dataset`` (a sweep's cells share one read)."""
     cfg = DATASETS.get(name).config_cls() if cfg is None else cfg
-    key = (name, repr(cfg))
+    key = _cache_key(name, cfg)
     if key not in _INFO:
         describe = DESCRIBERS.get(name, lambda c: DataInfo.of(load_dataset(name, c)))
         _INFO[key] = describe(cfg)

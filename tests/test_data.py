@@ -167,8 +167,13 @@ def test_cifar10_from_npz_is_channels_first(tmp_path):
 
 
 def test_cifar10_npz_found_through_environment(tmp_path, monkeypatch):
+    """The variable is read on every load: data cached from one place (the shared copy, or
+    an earlier value) never answers for another."""
     monkeypatch.setenv("FEDMECH_CIFAR10_NPZ", str(fake_cifar(tmp_path / "env.npz")))
     assert load_dataset("cifar10", CIFAR10Config()).x_test.shape == (4, 3, 32, 32)
+    other = fake_cifar(tmp_path / "other.npz", x_test=np.zeros((6, 32, 32, 3), np.uint8), y_test=np.arange(6) % 10)
+    monkeypatch.setenv("FEDMECH_CIFAR10_NPZ", str(other))
+    assert load_dataset("cifar10", CIFAR10Config()).x_test.shape == (6, 3, 32, 32)
 
 
 def test_foreign_npz_gives_clear_errors(tmp_path):
