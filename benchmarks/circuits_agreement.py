@@ -124,7 +124,7 @@ def probe(model, data) -> None:
     accuracy = {}
     for name, extract in (("model as it is", _plain_features), ("channels-last copy", features)):
         f_audit, f_test = extract(model, x_audit), extract(model, data.x_test)
-        accuracy[name] = diag._probe(f_audit, y_audit, f_test, data.y_test, splits, 10, (0, 1))["accuracy"]
+        accuracy[name] = diag._probe(f_audit, y_audit, f_test, data.y_test, splits, 10, 0)["accuracy"]
     diff = 100 * (accuracy["channels-last copy"] - accuracy["model as it is"])
     print(f"probe accuracy {accuracy}, difference {diff:+.2f} points")
 
