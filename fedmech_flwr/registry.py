@@ -1,20 +1,39 @@
 """One registry type for models, datasets, partitions, clients, strategies, diagnostics.
 
 A name maps to a factory and the typed config dataclass its parameters are validated
-into. Registering a name twice is an error; an unknown name lists the registered ones and
-suggests the closest.
+into. Each entry records where it comes from (``Entry.origin``); registering a name twice
+is an error naming both origins; an unknown name lists the registered ones and suggests
+the closest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from fedmech_flwr.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+BUILT_IN = "built-in"
+"""The source of entries registered outside ``loading``: this project's own modules."""
+_sources: list[str] = []
+
+
+@contextlib.contextmanager
+def loading(source: str) -> Iterator[None]:
+    """Entries registered inside this block were loaded by ``source`` (``Entry.source``):
+    ``fedmech_flwr.plugins`` wraps each plug-in import it makes in one."""
+    _sources.append(source)
+    try:
+        yield
+    finally:
+        _sources.pop()
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -40,6 +59,16 @@ class Entry(Generic[F]):
     Every validation calls it (``fedmech validate``, ``fedmech run`` before it starts
     anything, each sweep cell), so a plug-in's own rules fail in seconds, not in the
     ServerApp."""
+    module: str = ""
+    """The module that registered it."""
+    source: str = BUILT_IN
+    """How that module was loaded: ``built-in``, the experiment key that listed it (``x.yaml:
+    plugins[0]``), or the entry point (``entry point 'median' of my-lab 0.1``)."""
+
+    @property
+    def origin(self) -> str:
+        """``module (source)``, e.g. ``strategies.fedavg (built-in)``."""
+        return f"{self.module} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -62,15 +91,18 @@ class Registry(Generic[F]):
         check: Callable[..., None] | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register ``factory`` under ``name`` with its config dataclass (and
-        optionally its partners and its ``check``, see ``Entry``)."""
+        optionally its partners and its ``check``, see ``Entry``). The module calling it
+        is recorded as the entry's ``module``, with the ``source`` it was loaded by."""
+        module = sys._getframe(1).f_globals.get("__name__", "?")  # the module body registering
+        source = _sources[-1] if _sources else BUILT_IN
 
         def decorator(factory: F) -> F:
             if name in self._entries:
-                raise ValueError(
-                    f"{self.kind} '{name}' is already registered "
-                    f"(by {self._entries[name].factory!r}); pick another name"
+                raise ConfigError(
+                    f"{self.kind} '{name}' is already registered by {self._entries[name].origin}; "
+                    f"{module} ({source}) registers it again: rename one of them"
                 )
-            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with, check)
+            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with, check, module, source)
             return factory
 
         return decorator

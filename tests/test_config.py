@@ -14,7 +14,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.config import apply_overrides, experiment_from_json, override, read_yaml
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.experiment import load_experiment, parse_experiment
-from fedmech_flwr.registry import Registry
+from fedmech_flwr.registry import Registry, loading
 from fedmech_flwr.typed import to_plain
 
 LOC = "experiments/smoke.yaml: "
@@ -290,12 +290,18 @@ def test_yaml_round_trip_of_resolved_config(smoke_cfg):
 
 # --- registry ---------------------------------------------------------------------------
 
-def test_duplicate_registration_raises():
+def test_duplicate_registration_raises_naming_both_origins():
     reg = Registry("widget")
     reg.register("a")(lambda: 1)
-    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+    assert reg.get("a").origin == f"{__name__} (built-in)"  # the module registering, outside any plug-in loading
+    with loading("entry point 'w' of widgets 1.0"), pytest.raises(ConfigError) as info:
         reg.register("a")(lambda: 2)
+    assert str(info.value) == (f"widget 'a' is already registered by {__name__} (built-in); {__name__} (entry point "
+                               "'w' of widgets 1.0) registers it again: rename one of them")
     assert reg.get("a").factory() == 1
+    with loading("x.yaml: plugins[0]"):
+        reg.register("b")(lambda: 3)
+    assert reg.get("b").origin == f"{__name__} (x.yaml: plugins[0])"
 
 
 def test_registry_get_unknown_lists_names():
