@@ -5,7 +5,8 @@
     fedmech run --resume RUN_DIR --from-checkpoint N   (... from its numbered checkpoint of round N)
     fedmech deploy-local experiments/smoke.yaml [--set ...] [--out DIR] [--tls] [--auth] [--certs DIR] [--node-data DIR]
     fedmech validate experiments/default.yaml [--set key=value ...]
-    fedmech list [KIND]   (registered datasets, partitions, models, clients, strategies, diagnostics)
+    fedmech list [KIND] [--plugin MODULE]   (registered datasets, partitions, models, clients, strategies,
+        diagnostics, and where each comes from)
     fedmech plot RUN_DIR
     fedmech report SWEEP_DIR | RUN_DIR ... --out DIR [--paper FILE]   (one page over many runs)
     fedmech sweep SWEEP.yaml [--preset NAME] [--seeds 0,1,2] [--out DIR] [--parallel N] [--retry-failed]
@@ -64,6 +65,8 @@ LIST_KINDS = {"datasets": "dataset", "partitions": "partition", "models": "model
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    for module in args.plugin:
+        plugins.import_plugin(module, "--plugin")
     kinds = list(PLUGIN_KEYS)
     if args.kind:
         kind = LIST_KINDS.get(args.kind, args.kind)
@@ -79,7 +82,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _listing(kind: str, registry: Registry, width: int) -> str:
-    """One kind's entries, each with its pairing and its config keys (type, default, doc)."""
+    """One kind's entries, each with its pairing, where it comes from, and its config keys
+    (type, default, doc)."""
     plural = next(name for name, singular in LIST_KINDS.items() if singular == kind)
     key = PLUGIN_KEYS[kind]
     if kind == "diagnostic":
@@ -97,7 +101,7 @@ def _entry_text(kind: str, entry: Entry, width: int) -> str:
         title += f"  (needs {PARTNERS[kind]} {' or '.join(repr(p) for p in entry.pairs_with)})"
     if not fields:
         title += "  (no parameters)"
-    lines = [title]
+    lines = [f"{title}  from {entry.origin}"]
     for f in fields:
         if f.default is None:
             lines.append(f"    {f.key}:")
@@ -321,9 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--node-data", type=Path, metavar="DIR",
                         help="one .npz file or image folder per node that brings its own data (node-name: the "
                              "entry's name); the other federation.num_clients nodes hold shards of the dataset")
-    p = sub.add_parser("list", help="list what is registered, with each entry's config keys, types, defaults and "
-                                    "docs, and which strategy needs which client")
+    p = sub.add_parser("list", help="list what is registered, with where each entry comes from, its config keys, "
+                                    "types, defaults and docs, and which strategy needs which client")
     p.add_argument("kind", nargs="?", metavar="KIND", help=f"only this kind: {', '.join(LIST_KINDS)}")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import this plug-in module first, as an experiment's plugins: list does (repeatable)")
     p.set_defaults(fn=cmd_list)
     p = sub.add_parser("sweep", help="run a grid of experiments (a sweep file), or continue one")
     p.add_argument("sweep", help="sweep YAML file (base experiment, axes, presets)")
@@ -358,9 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` and `deploy-local`
     # stop the SuperLink, SuperNodes and simulation they started instead of leaving them behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedmech_flwr.launch").setLevel(logging.INFO)  # what it started, and where
+    try:
+        parser = build_parser()  # it loads the plug-ins: a broken entry point stops every command
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:

@@ -87,11 +87,23 @@ _NODE_DATA: dict[tuple[str, str], NodeData] = {}
 
 
 def _config(text: str) -> ExperimentConfig:
-    """Parse the ServerApp's config once per process (it is the same every round)."""
+    """Parse the ServerApp's config once per process (it is the same every round),
+    importing its plug-ins (``plugins:``) as the server did."""
     if text not in _CONFIGS:
         plugins.load()
         _CONFIGS[text] = experiment_from_json(text)
     return _CONFIGS[text]
+
+
+def node_experiment(config: ConfigRecord, context: Context) -> ExperimentConfig:
+    """The experiment the server sent, parsed here. A node that cannot parse it (it lacks
+    one of the experiment's plug-ins, say) refuses to take part: a ConfigError naming the
+    node, also logged on the node's console."""
+    try:
+        return _config(str(config[CONFIG_KEY]))
+    except ConfigError as err:
+        log.error("node '%s' refuses to take part: %s", node_key(context), err)
+        raise ConfigError(f"node '{node_key(context)}': {err}") from None
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -191,7 +203,9 @@ def _setup(msg: Message, context: Context):
 def identify(msg: Message, context: Context) -> Message:
     """Tell the server who this node is: the partition it holds, or, for a node with its
     own data, its key and that data's label histogram and sample count (nothing more
-    about the data leaves the node), once the data passed the experiment's checks."""
+    about the data leaves the node), once the data passed the experiment's checks and its
+    plug-ins were imported here."""
+    node_experiment(msg.content["config"], context)
     if own := own_data(context, str(msg.content["config"][DATA_SPEC_KEY])):
         info = MetricRecord({"num-samples": len(own.y), "label-histogram": own.label_histogram})
         return Message(RecordDict({"node": info, "name": ConfigRecord({"node-key": node_key(context)})}), reply_to=msg)

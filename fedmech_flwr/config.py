@@ -4,7 +4,8 @@ Every section is a dataclass; unknown keys, wrong types and out-of-range values 
 before anything runs, naming the file, the key, the bad value and what is allowed.
 Sections backed by a registry (dataset, partition, model, client, strategy, diagnostics)
 are written as ``{name: <registered name>, <param>: <value>, ...}`` and their parameters
-are validated into the config dataclass that the plug-in registered.
+are validated into the config dataclass that the plug-in registered. The modules listed
+under ``plugins:`` are imported first, so what they register may be chosen there.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fedmech_flwr import plugins
 from fedmech_flwr.client import CLIENTS
 from fedmech_flwr.data import DATASETS
 from fedmech_flwr.errors import ConfigError
@@ -186,6 +188,10 @@ class ExperimentConfig:
     model: Component = component("model")
     client: Component = component("client")
     strategy: Component = component("strategy")
+    plugins: list[str] = field(default_factory=list)
+    """Your own plug-in modules, e.g. ``[my_lab.fed.median]``: imported before the rest of
+    the experiment is validated, on the server and on every client, so the names they
+    register may be chosen here. Each must be importable there (installed, or on PYTHONPATH)."""
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_root: str = "~/fedmech-runs"
@@ -255,9 +261,23 @@ def parse_structure(raw: Any, source: str) -> ExperimentConfig:
     """A plain mapping (YAML contents) as an ExperimentConfig: keys, types, ranges, names
     and the rules between fields; no data read (``experiment.parse_experiment`` checks
     it against its data too). ``source`` names the file in error messages."""
+    load_plugins(raw, source)
     cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
     _check_cross_field(cfg, f"{source}: ")
     return cfg
+
+
+def load_plugins(raw: Any, source: str) -> None:
+    """Import the modules a raw experiment (YAML contents) lists under ``plugins:``, which
+    ``parse_structure`` does before it reads the rest; an import failure names its key."""
+    modules = raw.get("plugins") if isinstance(raw, dict) else None
+    if modules is None:
+        return
+    if not isinstance(modules, list):
+        raise ConfigError(f"expected a list of module names, e.g. [my_lab.fed.median], got {modules!r}",
+                          f"{source}: plugins")
+    for i, module in enumerate(modules):
+        plugins.import_plugin(module, f"{source}: plugins[{i}]")
 
 
 def set_key(raw: dict[str, Any], dotted: str, value: Any, where: str = "--set") -> None:

@@ -140,6 +140,8 @@ class _LocalFlower:
         )
         self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR),
                     MARKER: str(home)}
+        if path := os.environ.get("PYTHONPATH"):  # its processes run in `home`: relative entries (plug-ins) resolved
+            self.env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in path.split(os.pathsep))
         if ray_address:
             self.env["RAY_ADDRESS"] = ray_address
         else:  # a private Ray, whatever RAY_ADDRESS the user's shell may hold

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, override, read_yaml
+from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, load_plugins, override, read_yaml
 from fedmech_flwr.errors import ConfigError, RunFolderError
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
@@ -264,6 +264,7 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
     name = spec.name or path.stem
     common = [override(k, v) for k, v in {**spec.set, **chosen.set}.items()]
     plugins.load()
+    load_plugins(raw_base, str(base))  # an import failure names the base's key, not the first cell's
     cells = []
     for point in itertools.product(*(range(len(a.labels)) for a in axis_list)):
         labels = {a.name: a.labels[i] for a, i in zip(axis_list, point)}

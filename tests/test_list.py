@@ -49,24 +49,25 @@ def test_singular_kind_lists_the_same(capsys):
 def test_fields_show_type_range_default_and_doc(capsys):
     out = listed(capsys, "partitions")
     assert out.startswith("PARTITIONS, chosen by data.partition: {name: NAME, KEY: VALUE, ...}\n")
-    assert ("  dirichlet\n"
+    assert ("  dirichlet  from fedmech_flwr.partition (built-in)\n"
             "    alpha: float > 0 = 0.5\n"
             "        Concentration: small (0.05) gives each client few classes, large (1e6) near-iid.\n"
             "    min_samples: int >= 0 = 10\n"
             "        Redraw until every client has at least this many samples.\n") in out
     assert "    classes: dict[int, list[int]] (required)\n" in out
-    assert "  iid  (no parameters)\n" in out
+    assert "  iid  (no parameters)  from fedmech_flwr.partition (built-in)\n" in out
 
 
 def test_pairings_are_shown_both_ways(capsys):
-    assert "  fedprox  (needs client 'proximal')\n" in listed(capsys, "strategies")
-    assert "  proximal  (needs strategy 'fedprox')  (no parameters)\n" in listed(capsys, "clients")
+    assert "  fedprox  (needs client 'proximal')  from strategies.fedprox (built-in)\n" in listed(capsys, "strategies")
+    assert ("  proximal  (needs strategy 'fedprox')  (no parameters)  from clients.proximal (built-in)\n"
+            in listed(capsys, "clients"))
 
 
 def test_nested_sections_show_the_defaults_of_their_field(capsys):
     out = listed(capsys, "diagnostics")
     assert "every: run after every N-th round, default 1" in out.splitlines()[0]
-    misalignment = out.split("  misalignment\n")[1].split("\n\n")[0]
+    misalignment = out.split("  misalignment  from diagnostics.misalignment (built-in)\n")[1].split("\n\n")[0]
     assert "    probe:\n        How the linear probe is trained" in misalignment
     assert "    probe.epochs: int >= 1 = 50\n" in misalignment  # the field's default, not LinearTrainConfig's
     assert "    head.epochs: int >= 1 = 5\n" in misalignment

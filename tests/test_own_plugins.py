@@ -1,0 +1,261 @@
+"""Plug-ins from their own package: an experiment's ``plugins:`` list and the
+``fedmech.plugins`` entry points, the origin each entry records, and the errors that
+name the key, the module and the distribution. The plug-in package ``lab16`` is written
+into tmp_path, outside the repo; one real ``fedmech run`` uses it in the server and the
+Ray workers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from conftest import REPO, SMOKE
+from fedmech_flwr import client_app, plugins
+from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from fedmech_flwr.commands import COMMANDS
+from fedmech_flwr.config import plugin_registries
+from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.inprocess import run_in_process
+from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.strategy import CLIENT_QUERIES
+
+LAB = "lab16"
+STRATEGY = '''"""FedAvg that also reports a metric of its own: the run's records show it aggregated."""
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+
+
+class LabFedAvg(WeightedFedAvg):
+    def average(self, server_round, contents, models, weights):
+        arrays, _ = super().average(server_round, contents, models, weights)
+        return arrays, {"lab-strategy": 16}
+
+
+@STRATEGIES.register("lab_fedavg", FedAvgConfig)
+def lab_fedavg(params, ctx):
+    return LabFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+'''
+CLIENT = '''"""Plain training that tags its metrics: the run's client records show it ran on the clients."""
+from clients.plain import PlainClient
+from fedmech_flwr.client import CLIENTS
+
+
+@CLIENTS.register("lab_tagged")
+class TaggedClient(PlainClient):
+    def fit(self, parameters, config):
+        weights, num_examples, metrics = super().fit(parameters, config)
+        return weights, num_examples, {**metrics, "lab-client": 16}
+'''
+MODULES = {
+    "strategy": STRATEGY,
+    "client": CLIENT,
+    "again": STRATEGY.replace("class LabFedAvg", "class AgainFedAvg").replace("LabFedAvg(", "AgainFedAvg("),
+    "dup": 'from fedmech_flwr.strategy import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
+    "broken": 'raise RuntimeError("the lab is closed")\n',
+}
+ENTRY = "entry point 'tagged' of lab16 0.1"
+
+
+def write_lab(site: Path, entry_points: dict[str, str] | None = None) -> None:
+    """The package ``lab16`` in ``site``; with ``entry_points``, the distribution ``lab16 0.1``
+    that declares them in the group ``fedmech.plugins``."""
+    (site / LAB).mkdir(parents=True)
+    (site / LAB / "__init__.py").write_text("")
+    for name, text in MODULES.items():
+        (site / LAB / f"{name}.py").write_text(text)
+    if entry_points:
+        info = site / "lab16-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab16\nVersion: 0.1\n")
+        lines = [f"{name} = {module}" for name, module in entry_points.items()]
+        (info / "entry_points.txt").write_text("\n".join([f"[{plugins.ENTRY_POINT_GROUP}]", *lines]) + "\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on sys.path for ``write_lab``; what lab16 registers or imports is forgotten
+    after the test."""
+    plugins.load()
+    for registry in (*plugin_registries().values(), COMMANDS, CLIENT_QUERIES):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    monkeypatch.setattr(client_app, "_CONFIGS", {})
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    for name in [m for m in sys.modules if m == LAB or m.startswith(f"{LAB}.")]:
+        del sys.modules[name]
+
+
+def experiment(tmp_path: Path, **changes) -> Path:
+    """The smoke experiment with ``changes`` to its top-level keys, as a file."""
+    raw = {**yaml.safe_load(SMOKE.read_text()), **changes}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def listed_title(capsys, kind: str, name: str, *args: str) -> str:
+    assert main(["list", kind, *args]) == EXIT_OK
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  {name}  "))
+
+
+# --- plugins: in the experiment ------------------------------------------------------------
+
+def test_plugins_key_imports_before_validation_and_records_the_key(site, tmp_path, capsys):
+    write_lab(site)
+    exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg", "weighting": "uniform"})
+    assert main(["validate", str(exp)]) == EXIT_OK
+    assert "strategy lab_fedavg" in capsys.readouterr().out
+    assert listed_title(capsys, "strategies", "lab_fedavg") == f"  lab_fedavg  from lab16.strategy ({exp}: plugins[0])"
+    assert load_experiment(exp).plugins == ["lab16.strategy"]  # saved with the resolved config, sent to clients
+
+
+def test_list_imports_a_plugin_module_given_on_the_command_line(site, capsys):
+    write_lab(site)
+    title = listed_title(capsys, "clients", "lab_tagged", "--plugin", f"{LAB}.client")
+    assert title == "  lab_tagged  (no parameters)  from lab16.client (--plugin)"
+
+
+NOT_FOUND = f"; to make it importable, {plugins.MAKE_IMPORTABLE}"
+
+
+@pytest.mark.parametrize(("module", "message"), [
+    ("lab16.absent", "cannot import plug-in module 'lab16.absent': ModuleNotFoundError: No module named "
+                     f"'lab16.absent'{NOT_FOUND}"),
+    ("nolab.fed", f"cannot import plug-in module 'nolab.fed': ModuleNotFoundError: No module named 'nolab'{NOT_FOUND}"),
+    ("lab16.broken", "cannot import plug-in module 'lab16.broken': RuntimeError: the lab is closed; it was found, "
+                     "but importing it raised this: fix it"),
+    ("lab16/broken.py", "expected a module name such as my_lab.fed.median, got 'lab16/broken.py'"),
+])
+def test_a_plugin_that_cannot_be_imported_exits_2_naming_key_module_and_error(site, tmp_path, capsys, monkeypatch,
+                                                                             module, message):
+    import fedmech_flwr.cli as cli
+
+    write_lab(site)
+    monkeypatch.setattr(cli, "launch", lambda *a, **k: pytest.fail("fedmech run started Flower for a bad plug-in"))
+    exp = experiment(tmp_path, plugins=[f"{LAB}.client", module])
+    for command in (["validate", str(exp)], ["run", str(exp), "--out", str(tmp_path / "out")]):
+        assert main(command) == EXIT_BAD_INPUT
+        assert capsys.readouterr() == ("", f"error: {message} in {exp}: plugins[1]\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_name_registered_twice_exits_2_naming_both_origins(site, tmp_path, capsys):
+    write_lab(site)
+    assert main(["validate", str(experiment(tmp_path, plugins=[f"{LAB}.dup"]))]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        f"error: strategy 'fedavg' is already registered by strategies.fedavg (built-in); lab16.dup "
+        f"({tmp_path / 'exp.yaml'}: plugins[0]) registers it again: rename one of them\n")
+
+
+# --- entry points ------------------------------------------------------------------------
+
+def test_an_entry_point_plugin_is_loaded_at_start_and_listed_with_its_distribution(site, tmp_path, capsys):
+    write_lab(site, {"tagged": f"{LAB}.client"})
+    assert listed_title(capsys, "clients", "lab_tagged") == f"  lab_tagged  (no parameters)  from lab16.client ({ENTRY})"
+    assert main(["validate", str(experiment(tmp_path, client={"name": "lab_tagged"}))]) == EXIT_OK
+
+
+def test_a_broken_entry_point_exits_2_naming_it_its_distribution_and_module(site, tmp_path, capsys):
+    write_lab(site, {"gone": f"{LAB}.gone"})
+    for command in (["list"], ["validate", str(SMOKE)]):
+        assert main(command) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert err.startswith("error: the fedmech.plugins entry point 'gone' of lab16 0.1 cannot load module "
+                              "'lab16.gone': ModuleNotFoundError: No module named 'lab16.gone'; "), err
+        assert err.rstrip().endswith("; or uninstall lab16 0.1")
+
+
+def test_a_name_an_entry_point_registered_first_names_its_distribution(site, tmp_path, capsys):
+    write_lab(site, {"median": f"{LAB}.strategy"})
+    assert main(["validate", str(experiment(tmp_path, plugins=[f"{LAB}.again"]))]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        "error: strategy 'lab_fedavg' is already registered by lab16.strategy (entry point 'median' of lab16 0.1); "
+        f"lab16.again ({tmp_path / 'exp.yaml'}: plugins[0]) registers it again: rename one of them\n")
+
+
+# --- sweeps ------------------------------------------------------------------------------
+
+def test_a_sweep_honours_its_base_experiments_plugins(site, tmp_path, capsys):
+    write_lab(site)
+    base = experiment(tmp_path, plugins=[f"{LAB}.client"], client={"name": "lab_tagged"})
+    sweep = tmp_path / "grid.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(base), "grid": {"train.epochs": [1, 2]}}))
+    assert main(["sweep", str(sweep), "--dry-run", "--out", str(tmp_path / "out")]) == EXIT_OK
+    assert "2 cells, each validated" in capsys.readouterr().out
+    experiment(tmp_path, plugins=[f"{LAB}.absent"])
+    assert main(["sweep", str(sweep), "--dry-run"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "cannot import plug-in module 'lab16.absent'" in err and err.rstrip().endswith(f" in {base}: plugins[0]")
+
+
+# --- a node that lacks a plug-in -------------------------------------------------------------
+
+def lacking_on(partition: int, module: str) -> ClientApp:
+    """The real ClientApp, except that node ``partition`` cannot import ``module``, as a
+    SuperNode where it is not installed."""
+    app = ClientApp()
+
+    @app.query()
+    def identify(msg: Message, context: Context) -> Message:
+        if int(context.node_config["partition-id"]) != partition:
+            return client_app.identify(msg, context)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, module, None)  # its import fails, as where it is missing
+            patch.setattr(client_app, "_CONFIGS", {})
+            return client_app.identify(msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return client_app.train(msg, context)
+
+    return app
+
+
+def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(site, tmp_path, caplog):
+    write_lab(site)
+    exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg"},
+                     federation={"num_clients": 3, "num_rounds": 1, "on_client_failure": "continue"}, diagnostics=[])
+    with caplog.at_level(logging.ERROR, logger="fedmech_flwr.client_app"):
+        run = run_in_process(load_experiment(exp), tmp_path / "runs", client_app=lacking_on(1, f"{LAB}.strategy"))
+    missing = "cannot import plug-in module 'lab16.strategy': ModuleNotFoundError: import of lab16.strategy halted"
+    assert f"node 'node-1001' refuses to take part: {missing}" in caplog.text
+    assert "install the package that provides it in this Python environment" in caplog.text
+    assert read_status(run)["status"] == "completed"
+    (failure,) = read_records(run, "failure")
+    assert failure["round"] == 0 and failure["node"] == 1001
+    assert failure["reason"].startswith(f"raised: ConfigError: node 'node-1001': {missing}")
+    assert sorted(r["partition_id"] for r in read_records(run, "client")) == [0, 2]
+
+
+# --- one real run ------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_fedmech_run_uses_both_kinds_of_plugin_in_the_server_and_the_ray_workers(tmp_path):
+    """``plugins:`` brings the strategy, an entry point the client; only the directory on
+    PYTHONPATH makes either importable, in the CLI, the ServerApp and every Ray worker."""
+    site = tmp_path / "site"
+    site.mkdir()
+    write_lab(site, {"tagged": f"{LAB}.client"})
+    exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg"},
+                     client={"name": "lab_tagged"})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(exp), "--out", str(tmp_path / "out"),
+           "--set", "federation.num_clients=2", "--set", "federation.num_rounds=1"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (run,) = list((tmp_path / "out").iterdir())
+    assert read_status(run)["status"] == "completed"
+    assert sorted((r["partition_id"], r["lab_client"]) for r in read_records(run, "client")) == [(0, 16), (1, 16)]
+    (aggregate,) = read_records(run, "strategy")
+    assert aggregate["lab_strategy"] == 16
+    assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["lab16.strategy"]
