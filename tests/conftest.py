@@ -8,6 +8,7 @@ import random
 import re
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,6 +73,28 @@ def smoke_run(tmp_path_factory) -> Path:
 
     torch.set_num_threads(1)
     return run_in_process(smoke_config(), tmp_path_factory.mktemp("smoke-run"))
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch) -> Path:
+    """A folder on sys.path for plug-in modules a test writes; whatever they register, and
+    the modules themselves, are forgotten after the test."""
+    from fedmech_flwr import client_app
+    from fedmech_flwr.commands import COMMANDS
+    from fedmech_flwr.config import plugin_registries
+    from fedmech_flwr.strategy import CLIENT_QUERIES
+
+    plugins.load()
+    for registry in (*plugin_registries().values(), COMMANDS, CLIENT_QUERIES):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    monkeypatch.setattr(client_app, "_CONFIGS", {})
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    for name, module in list(sys.modules.items()):
+        if folder in Path(getattr(module, "__file__", None) or "/").parents:
+            del sys.modules[name]
 
 
 # --- comparing run folders -------------------------------------------------------------

@@ -20,12 +20,9 @@ from flwr.clientapp import ClientApp
 from conftest import REPO, SMOKE
 from fedmech_flwr import client_app, plugins
 from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import plugin_registries
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records, read_status
-from fedmech_flwr.strategy import CLIENT_QUERIES
 
 LAB = "lab16"
 STRATEGY = '''"""FedAvg that also reports a metric of its own: the run's records show it aggregated."""
@@ -79,22 +76,6 @@ def write_lab(site: Path, entry_points: dict[str, str] | None = None) -> None:
         (info / "entry_points.txt").write_text("\n".join([f"[{plugins.ENTRY_POINT_GROUP}]", *lines]) + "\n")
 
 
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    """A folder on sys.path for ``write_lab``; what lab16 registers or imports is forgotten
-    after the test."""
-    plugins.load()
-    for registry in (*plugin_registries().values(), COMMANDS, CLIENT_QUERIES):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    monkeypatch.setattr(client_app, "_CONFIGS", {})
-    folder = tmp_path / "site"
-    folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    yield folder
-    for name in [m for m in sys.modules if m == LAB or m.startswith(f"{LAB}.")]:
-        del sys.modules[name]
-
-
 def experiment(tmp_path: Path, **changes) -> Path:
     """The smoke experiment with ``changes`` to its top-level keys, as a file."""
     raw = {**yaml.safe_load(SMOKE.read_text()), **changes}
@@ -110,8 +91,8 @@ def listed_title(capsys, kind: str, name: str, *args: str) -> str:
 
 # --- plugins: in the experiment ------------------------------------------------------------
 
-def test_plugins_key_imports_before_validation_and_records_the_key(site, tmp_path, capsys):
-    write_lab(site)
+def test_plugins_key_imports_before_validation_and_records_the_key(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site)
     exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg", "weighting": "uniform"})
     assert main(["validate", str(exp)]) == EXIT_OK
     assert "strategy lab_fedavg" in capsys.readouterr().out
@@ -119,8 +100,8 @@ def test_plugins_key_imports_before_validation_and_records_the_key(site, tmp_pat
     assert load_experiment(exp).plugins == ["lab16.strategy"]  # saved with the resolved config, sent to clients
 
 
-def test_list_imports_a_plugin_module_given_on_the_command_line(site, capsys):
-    write_lab(site)
+def test_list_imports_a_plugin_module_given_on_the_command_line(plugin_site, capsys):
+    write_lab(plugin_site)
     title = listed_title(capsys, "clients", "lab_tagged", "--plugin", f"{LAB}.client")
     assert title == "  lab_tagged  (no parameters)  from lab16.client (--plugin)"
 
@@ -136,11 +117,11 @@ NOT_FOUND = f"; to make it importable, {plugins.MAKE_IMPORTABLE}"
                      "but importing it raised this: fix it"),
     ("lab16/broken.py", "expected a module name such as my_lab.fed.median, got 'lab16/broken.py'"),
 ])
-def test_a_plugin_that_cannot_be_imported_exits_2_naming_key_module_and_error(site, tmp_path, capsys, monkeypatch,
-                                                                             module, message):
+def test_a_plugin_that_cannot_be_imported_exits_2_naming_key_module_and_error(plugin_site, tmp_path, capsys,
+                                                                             monkeypatch, module, message):
     import fedmech_flwr.cli as cli
 
-    write_lab(site)
+    write_lab(plugin_site)
     monkeypatch.setattr(cli, "launch", lambda *a, **k: pytest.fail("fedmech run started Flower for a bad plug-in"))
     exp = experiment(tmp_path, plugins=[f"{LAB}.client", module])
     for command in (["validate", str(exp)], ["run", str(exp), "--out", str(tmp_path / "out")]):
@@ -149,8 +130,8 @@ def test_a_plugin_that_cannot_be_imported_exits_2_naming_key_module_and_error(si
     assert not (tmp_path / "out").exists()
 
 
-def test_a_name_registered_twice_exits_2_naming_both_origins(site, tmp_path, capsys):
-    write_lab(site)
+def test_a_name_registered_twice_exits_2_naming_both_origins(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site)
     assert main(["validate", str(experiment(tmp_path, plugins=[f"{LAB}.dup"]))]) == EXIT_BAD_INPUT
     assert capsys.readouterr().err == (
         f"error: strategy 'fedavg' is already registered by strategies.fedavg (built-in); lab16.dup "
@@ -159,14 +140,15 @@ def test_a_name_registered_twice_exits_2_naming_both_origins(site, tmp_path, cap
 
 # --- entry points ------------------------------------------------------------------------
 
-def test_an_entry_point_plugin_is_loaded_at_start_and_listed_with_its_distribution(site, tmp_path, capsys):
-    write_lab(site, {"tagged": f"{LAB}.client"})
-    assert listed_title(capsys, "clients", "lab_tagged") == f"  lab_tagged  (no parameters)  from lab16.client ({ENTRY})"
+def test_an_entry_point_plugin_is_loaded_at_start_and_listed_with_its_distribution(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site, {"tagged": f"{LAB}.client"})
+    title = listed_title(capsys, "clients", "lab_tagged")
+    assert title == f"  lab_tagged  (no parameters)  from lab16.client ({ENTRY})"
     assert main(["validate", str(experiment(tmp_path, client={"name": "lab_tagged"}))]) == EXIT_OK
 
 
-def test_a_broken_entry_point_exits_2_naming_it_its_distribution_and_module(site, tmp_path, capsys):
-    write_lab(site, {"gone": f"{LAB}.gone"})
+def test_a_broken_entry_point_exits_2_naming_it_its_distribution_and_module(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site, {"gone": f"{LAB}.gone"})
     for command in (["list"], ["validate", str(SMOKE)]):
         assert main(command) == EXIT_BAD_INPUT
         err = capsys.readouterr().err
@@ -175,8 +157,8 @@ def test_a_broken_entry_point_exits_2_naming_it_its_distribution_and_module(site
         assert err.rstrip().endswith("; or uninstall lab16 0.1")
 
 
-def test_a_name_an_entry_point_registered_first_names_its_distribution(site, tmp_path, capsys):
-    write_lab(site, {"median": f"{LAB}.strategy"})
+def test_a_name_an_entry_point_registered_first_names_its_distribution(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site, {"median": f"{LAB}.strategy"})
     assert main(["validate", str(experiment(tmp_path, plugins=[f"{LAB}.again"]))]) == EXIT_BAD_INPUT
     assert capsys.readouterr().err == (
         "error: strategy 'lab_fedavg' is already registered by lab16.strategy (entry point 'median' of lab16 0.1); "
@@ -185,8 +167,8 @@ def test_a_name_an_entry_point_registered_first_names_its_distribution(site, tmp
 
 # --- sweeps ------------------------------------------------------------------------------
 
-def test_a_sweep_honours_its_base_experiments_plugins(site, tmp_path, capsys):
-    write_lab(site)
+def test_a_sweep_honours_its_base_experiments_plugins(plugin_site, tmp_path, capsys):
+    write_lab(plugin_site)
     base = experiment(tmp_path, plugins=[f"{LAB}.client"], client={"name": "lab_tagged"})
     sweep = tmp_path / "grid.yaml"
     sweep.write_text(yaml.safe_dump({"base": str(base), "grid": {"train.epochs": [1, 2]}}))
@@ -221,8 +203,8 @@ def lacking_on(partition: int, module: str) -> ClientApp:
     return app
 
 
-def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(site, tmp_path, caplog):
-    write_lab(site)
+def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(plugin_site, tmp_path, caplog):
+    write_lab(plugin_site)
     exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg"},
                      federation={"num_clients": 3, "num_rounds": 1, "on_client_failure": "continue"}, diagnostics=[])
     with caplog.at_level(logging.ERROR, logger="fedmech_flwr.client_app"):
