@@ -7,6 +7,7 @@
     fedmech validate experiments/default.yaml [--set key=value ...]
     fedmech list [KIND] [--plugin MODULE]   (registered datasets, partitions, models, clients, strategies,
         diagnostics, and where each comes from)
+    fedmech new strategy|client|diagnostic|model NAME [--dir DIR]   (a start for your own plug-in)
     fedmech plot RUN_DIR
     fedmech report SWEEP_DIR | RUN_DIR ... --out DIR [--paper FILE]   (one page over many runs)
     fedmech sweep SWEEP.yaml [--preset NAME] [--seeds 0,1,2] [--out DIR] [--parallel N] [--retry-failed]
@@ -235,6 +236,20 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
     return _report(result, run_dir)
 
 
+NEW_KINDS = ("strategy", "client", "diagnostic", "model")
+"""What ``fedmech new`` writes a start for."""
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from fedmech_flwr.scaffold import write_plugin
+
+    files = write_plugin(args.kind, args.name, args.dir.resolve())
+    folder = files[0].parent
+    print(f"Wrote {', '.join(str(f) for f in files)}\nNext:\n  PYTHONPATH={folder} python -m pytest {files[1]}\n"
+          f"  PYTHONPATH={folder} fedmech run {files[2]}")
+    return EXIT_OK
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from fedmech_flwr.plotting import plot_run
 
@@ -331,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import this plug-in module first, as an experiment's plugins: list does (repeatable)")
     p.set_defaults(fn=cmd_list)
+    p = sub.add_parser("new", help="write a start for your own plug-in: its module, its test and an experiment "
+                                   "using it (plugins:)")
+    p.add_argument("kind", choices=NEW_KINDS)
+    p.add_argument("name", help="a lowercase identifier: the module's and the registered entry's name")
+    p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
+    p.set_defaults(fn=cmd_new)
     p = sub.add_parser("sweep", help="run a grid of experiments (a sweep file), or continue one")
     p.add_argument("sweep", help="sweep YAML file (base experiment, axes, presets)")
     p.add_argument("--preset", help="a named set of overrides from the sweep file (e.g. cpu, gpu)")
