@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, NEW_KINDS, main
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.inprocess import run_in_process
@@ -70,3 +71,20 @@ def test_an_existing_file_exits_2_and_is_kept(tmp_path, capsys):
                                        "overwrites: move them, or choose another name or --dir in fedmech new\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test_lab_median.py"]
     assert (tmp_path / "test_lab_median.py").read_text() == "mine\n"
+
+
+@pytest.mark.integration
+def test_a_written_model_runs_with_fedmech_run_on_the_server_and_the_ray_workers(tmp_path, capsys):
+    """The next step ``fedmech new`` prints: with its folder on PYTHONPATH, ``fedmech run``
+    of the written experiment completes (a model is built on both sides)."""
+    folder = tmp_path / "lab"
+    written(capsys, "model", "lab_mlp", folder)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(folder / "lab_mlp.yaml"),
+           "--out", str(tmp_path / "out"), "--set", "federation.num_clients=2", "--set", "federation.num_rounds=1"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (run,) = list((tmp_path / "out").iterdir())
+    assert read_status(run)["status"] == "completed"
+    assert sorted(r["partition_id"] for r in read_records(run, "client")) == [0, 1]
+    assert set(read_records(run, "eval")[-1]["layer_sparsity"]) == {"fc1.weight", "head.weight"}  # the written model
