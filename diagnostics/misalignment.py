@@ -41,7 +41,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from safetensors.numpy import load as load_bytes, save as save_bytes
+from safetensors.numpy import load as load_bytes
+from safetensors.numpy import save as save_bytes
 
 from diagnostics.timing import Clock
 from fedmech_flwr.config import ExperimentConfig
