@@ -36,6 +36,7 @@ SMALL_CONFIGS = {
         {"widths": [8, 8, 8, 8], "stem": "imagenet"},
         {"widths": [8, 8, 8, 8], "stem": "cifar"},
     ],
+    "torchvision": [{"arch": "resnet18", "head": "fc"}],
 }
 CASES = [
     (name, cfg, in_channels, image_size)
@@ -238,3 +239,17 @@ def test_a_bad_head_names_the_key(head, match):
     with pytest.raises(ConfigError, match=match) as err:
         wrap_module(HandBuilt(), input_shape=(1, 8, 8), head=head)
     assert err.value.where == "model.head"
+
+
+def test_torchvision_models_are_checked_and_adapted_to_the_images():
+    with pytest.raises(ConfigError, match="unknown torchvision architecture 'resnet81'; did you mean 'resnet18'") as err:
+        build_model("torchvision", {"arch": "resnet81"}, in_channels=1, num_classes=10, image_size=28)
+    assert err.value.where == "model.arch"
+    with pytest.raises(ConfigError, match="missing required key 'arch'"):
+        build_model("torchvision", {}, in_channels=1, num_classes=10, image_size=28)
+    with pytest.raises(ConfigError, match="cannot run on inputs of shape"):
+        build_model("torchvision", {"arch": "vit_b_16"}, in_channels=3, num_classes=10, image_size=32)
+    model = build_model("torchvision", {"arch": "resnet18"}, in_channels=1, num_classes=10, image_size=28)
+    assert model.state_dict()["body.conv1.weight"].shape == (64, 1, 7, 7) and model.num_classes == 10
+    assert list(model.gated_layers())[:3] == ["conv1", "layer1.0.conv1", "layer1.0.conv2"]
+    assert gate_paths(model)["layer2.0.downsample.0"] == ("body.layer2.0.downsample.0", "body.layer2.0.downsample.1")
