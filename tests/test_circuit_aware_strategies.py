@@ -191,6 +191,14 @@ def test_matched_avg_checks_its_layers_and_the_audit_set(make_cfg):
     check_matched_avg(MatchedAvgConfig(similarity="activations", layers=["conv2"]), cfg, data_info(10), "strategy")
 
 
+def test_matched_avg_refuses_a_wrapped_module_and_says_why(make_cfg):
+    cfg = make_cfg("model={name: torchvision, arch: resnet18}")
+    with pytest.raises(ConfigError, match="model 'torchvision' does not give: a wrapped module does not give its "
+                                          "channel groups") as info:
+        check_matched_avg(MatchedAvgConfig(), cfg, data_info(), "x.yaml: strategy")
+    assert info.value.where == "x.yaml: strategy" and "skip connections" in info.value.message
+
+
 # --- circuit_masked_avg ------------------------------------------------------------------
 
 LAYERS = {"conv1": 4, "conv2": 6, "conv3": 8}
