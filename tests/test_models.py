@@ -204,6 +204,8 @@ def test_wrapping_finds_the_gates_by_the_norm_rule_and_keeps_the_function():
     assert model.get_classifier() is head and model.feature_dim == 8
     x = torch.randn(5, 1, 8, 8)
     assert torch.equal(model.eval()(x), original(x))
+    nested = nn.Sequential(nn.Sequential(nn.Conv2d(1, 4, 3)), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 3))
+    assert gate_paths(wrap_module(nested, input_shape=(1, 8, 8))) == {"0.0": ("body.0.0", "body.1")}
     assert model.channel_arrays("conv1") == ("body.conv1.weight", "body.conv1.bias", "body.bn1.weight",
                                              "body.bn1.bias", "body.bn1.running_mean", "body.bn1.running_var")
 

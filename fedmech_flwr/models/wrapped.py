@@ -43,7 +43,7 @@ ModuleBuilder = Callable[..., nn.Module]
 
 @dataclass(eq=False)
 class _Call:
-    """One module call of the traced forward pass."""
+    """A module's calls in the traced forward pass: its first call's inputs and output."""
 
     path: str
     inputs: tuple[Any, ...]
@@ -140,8 +140,9 @@ def _find_head(module: nn.Module, path: str) -> nn.Linear:
 
 
 def _trace(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[list[_Call], dict[str, _Call]]:
-    """Every module call of one forward pass of zeros (eval mode, no gradient) in call
-    order, and per module path its first call with the indices of all its calls."""
+    """Every call of a leaf module (one without submodules) in one forward pass of zeros
+    (eval mode, no gradient), in call order, and per module path its first call with the
+    indices of all its calls; ``""`` holds the model's output."""
     order: list[_Call] = []
     calls: dict[str, _Call] = {}
 
@@ -152,7 +153,8 @@ def _trace(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[list[_Call]
             order.append(call)
         return hook
 
-    handles = [m.register_forward_hook(record(path)) for path, m in module.named_modules() if path]
+    handles = [m.register_forward_hook(record(path)) for path, m in module.named_modules()
+               if path and next(m.children(), None) is None]
     was_training = module.training
     try:
         with torch.no_grad():
