@@ -1,5 +1,6 @@
-"""Wrapped models in a real run (in process): a torchvision ResNet-18 and a user's MLP, one
-round each with the circuits and misalignment diagnostics on, pruning included."""
+"""Wrapped models in a real run (in process): a torchvision ResNet-18 and a user's MLP (also
+under matched_avg), one round each with the circuits and misalignment diagnostics on,
+pruning included."""
 
 from __future__ import annotations
 
@@ -20,11 +21,15 @@ TINY = [  # batches of 30: no client's last batch holds one image, which BatchNo
 ]
 
 
-@pytest.mark.parametrize(("model", "gates"), [
-    ("{name: torchvision, arch: resnet18}", 20), ("{name: user_mlp, hidden: [32, 16]}", 2)])
-def test_a_wrapped_model_runs_with_circuits_and_misalignment(model, gates, tmp_path):
+@pytest.mark.parametrize(("model", "strategy", "gates"), [
+    ("{name: torchvision, arch: resnet18}", "fedavg", 20),
+    ("{name: user_mlp, hidden: [32, 16]}", "fedavg", 2),
+    ("{name: user_mlp, hidden: [32, 16]}", "matched_avg", 2),  # a chain: its channel groups are read off
+])
+def test_a_wrapped_model_runs_with_circuits_and_misalignment(model, strategy, gates, tmp_path):
     plugins.load()
-    cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml", [f"model={model}", *TINY])
+    overrides = [f"model={model}", f"strategy={{name: {strategy}}}", *TINY]
+    cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml", overrides)
     run = run_in_process(cfg, tmp_path)
     assert read_status(run)["status"] == "completed"
     records = {r["name"]: r for r in read_records(run, "diagnostic")}

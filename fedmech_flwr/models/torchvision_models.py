@@ -30,7 +30,8 @@ def _parse_arch(value: object, where: str) -> str:
 @dataclass
 class TorchvisionConfig:
     arch: str = field(metadata={"parse": _parse_arch})
-    """A classification architecture of ``torchvision.models``, e.g. ``resnet18``, ``vgg11_bn``, ``mobilenet_v3_small``."""
+    """A classification architecture of ``torchvision.models``, e.g. ``resnet18``, ``vgg11_bn``,
+    ``mobilenet_v3_small``."""
     head: str | None = None
     """Dotted module path of its linear head (ResNet: ``fc``); null: its last nn.Linear."""
 

@@ -14,10 +14,13 @@ torchvision ResNet, a user's MLP) to the interface diagnostics rely on, and
   the layer itself (the built-in models' "gating after norm" rule). Layers the pass does
   not call as modules (attention's ``out_proj``), calls twice (shared weights) or applies
   to token sequences (``[N, T, C]``) are not gated.
-- **not derived**: ``permutation_groups()``, which channels one permutation must move
-  together. That depends on how ``forward()`` connects the layers (skip connections add
-  channels, concatenations and reshapes move them), which a module does not declare; a
-  guess would silently change the function, so ``matched_avg`` refuses wrapped models.
+- **channel groups** (``permutation_groups()``, for ``matched_avg``): only where they can
+  be read off exactly, a chain (``torch.fx``'s graph of the model is one path) of gated
+  layers, BatchNorm/LayerNorm over their channels and channel-wise steps (activations,
+  pooling, dropout, a flatten from dim 1): one group per gated layer, read by the next
+  layer (in blocks after a flatten). Anything else (a skip connection adds channels, a
+  concatenation or reshape moves them, GroupNorm mixes them) raises NotImplementedError
+  saying where, rather than a guess that would silently change the function.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
@@ -36,6 +40,14 @@ from fedmech_flwr.registry import did_you_mean
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 """Norm layers that can be a gate point (the channels they normalise are the layer's)."""
+
+CHANNELWISE_MODULES = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.Identity,
+    nn.Dropout, nn.Dropout2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
+)
+"""Modules that act on each channel apart, so a chain may pass through them."""
+CHANNELWISE_FUNCTIONS = (F.relu, torch.relu, F.gelu, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d)
+CHANNELWISE_METHODS = ("relu",)
 
 ModuleBuilder = Callable[..., nn.Module]
 """``builder(cfg, *, in_channels, num_classes, image_size) -> nn.Module``."""
@@ -83,12 +95,45 @@ class WrappedModel(FedMechModel):
         return self.body(x)
 
     def permutation_groups(self) -> list[ChannelGroup]:
-        raise NotImplementedError(
-            "a wrapped module does not give its channel groups (permutation_groups): which channels one "
-            "permutation must move together depends on how its forward() connects its layers (skip "
-            "connections, concatenations, reshapes), which the module does not declare; subclass "
-            "FedMechModel and implement permutation_groups() to use it"
-        )
+        """One group per gated layer when the model is a chain (see the module docstring):
+        the layer's channel arrays and those of the norm layers after it, read by the next
+        layer's weight, in blocks of in_features / channels after a flatten."""
+        try:
+            graph = fx.symbolic_trace(self).graph
+        except Exception as err:
+            raise _unsupported(f"torch.fx cannot trace its forward() ({type(err).__name__}: {err})") from err
+        modules = dict(self.named_modules())
+        groups: list[ChannelGroup] = []
+        open_group: ChannelGroup | None = None
+        previous = None
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output"):
+                previous = node
+                continue
+            if node.all_input_nodes != [previous]:
+                inputs = ", ".join(repr(_label(n)) for n in node.all_input_nodes)
+                raise _unsupported(f"'{_label(node)}' reads {inputs}: its forward() is not one chain of layers "
+                                   "(a skip connection or a branch ties channels together)")
+            previous = node
+            module = modules.get(node.target) if node.op == "call_module" else None
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                if open_group is not None:
+                    groups.append(_read_by(open_group, node.target, module))
+                open_group = None if module is self.head else self._open_group(node.target)
+            elif isinstance(module, NORMS):
+                if open_group is not None:  # before the first layer a norm normalises the input: no group
+                    open_group = _with_norm(open_group, node.target, module)
+            elif not _channelwise(node, module):
+                kind = type(module).__name__ if module is not None else getattr(node.target, "__name__", node.target)
+                raise _unsupported(f"'{_label(node)}' ({kind}) is not known to keep channels apart")
+        return groups
+
+    def _open_group(self, path: str) -> ChannelGroup:
+        """The group of the gated layer at ``path``, not yet read by any layer."""
+        name = path.removeprefix("body.")
+        if name not in self._gates:
+            raise _unsupported(f"layer '{name}' is not gated (not called exactly once on [N, C, ...])")
+        return ChannelGroup(name, self.gated_layers()[name], self.channel_arrays(name), (), (self._gates[name][1],))
 
 
 def wrap_module(module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None) -> WrappedModel:
@@ -116,6 +161,54 @@ def register_module(
         return builder
 
     return decorator
+
+
+def _unsupported(why: str) -> NotImplementedError:
+    return NotImplementedError(f"a wrapped module gives channel groups (permutation_groups) only for a chain of "
+                               f"layers, which this is not: {why}; subclass FedMechModel and implement "
+                               "permutation_groups() to use it")
+
+
+def _label(node: fx.Node) -> str:
+    """A module's path, else fx's name of the step (``add``, ``cat``)."""
+    return node.target if node.op == "call_module" else node.name
+
+
+def _read_by(group: ChannelGroup, path: str, layer: nn.Module) -> ChannelGroup:
+    """``group`` read by ``layer``'s weight: a conv's input channels, or a linear layer's
+    inputs in blocks (a flatten puts each channel's positions side by side)."""
+    if isinstance(layer, nn.Conv2d):
+        if layer.groups != 1:
+            raise _unsupported(f"'{path}' is a grouped convolution")
+        block = 1
+    elif layer.in_features % group.size:
+        raise _unsupported(f"'{path}' reads {layer.in_features} inputs, not a multiple of {group.size} channels")
+    else:
+        block = layer.in_features // group.size
+    return ChannelGroup(group.name, group.size, group.rows, ((f"{path}.weight", block),), group.activations)
+
+
+def _with_norm(group: ChannelGroup, path: str, norm: nn.Module) -> ChannelGroup:
+    """``group`` with the arrays of the BatchNorm or LayerNorm at ``path`` over its channels."""
+    size = norm.normalized_shape[0] if isinstance(norm, nn.LayerNorm) else getattr(norm, "num_features", None)
+    if size != group.size:
+        raise _unsupported(f"'{path}' ({type(norm).__name__}) does not normalise each of {group.size} channels apart")
+    rows = [f"{path}.{key}" for key, value in norm.state_dict().items() if value.ndim]
+    return ChannelGroup(group.name, group.size, tuple(dict.fromkeys([*group.rows, *rows])), (), group.activations)
+
+
+def _channelwise(node: fx.Node, module: nn.Module | None) -> bool:
+    """``node`` acts on each channel apart: an activation, pooling, dropout, a flatten from dim 1."""
+    if isinstance(module, nn.Flatten):
+        return module.start_dim == 1
+    if module is not None:
+        return isinstance(module, CHANNELWISE_MODULES)
+    flatten = (node.op == "call_function" and node.target is torch.flatten) or (
+        node.op == "call_method" and node.target == "flatten")
+    if flatten:
+        return node.args[1:2] == (1,) or node.kwargs.get("start_dim") == 1
+    return (node.op == "call_function" and node.target in CHANNELWISE_FUNCTIONS) or (
+        node.op == "call_method" and node.target in CHANNELWISE_METHODS)
 
 
 def _last_linear(module: nn.Module) -> str:
