@@ -249,10 +249,12 @@ def _trace(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[list[_Call]
     handles = [m.register_forward_hook(record(path)) for path, m in module.named_modules()
                if path and next(m.children(), None) is None]
     was_training = module.training
+    parameter = next(module.parameters(), None)
+    x = torch.zeros(2, *input_shape, device=parameter.device if parameter is not None else "cpu")
     try:
         with torch.no_grad():
             module.eval()
-            calls[""] = _Call("", (), module(torch.zeros(2, *input_shape)))
+            calls[""] = _Call("", (), module(x))
     except Exception as err:
         raise ConfigError(f"the module cannot run on inputs of shape {list(input_shape)}: "
                           f"{type(err).__name__}: {err}", "model") from err
