@@ -214,7 +214,8 @@ def test_the_head_is_the_last_linear_unless_named():
     model = build_model("user_mlp", {"hidden": [6, 5]}, in_channels=1, num_classes=3, image_size=4)
     assert list(model.gated_layers()) == ["1", "4"] and model.feature_dim == 5
     assert gate_paths(model)["1"] == ("body.1", "body.2") and isinstance(model.body[6], nn.Identity)
-    with pytest.raises(ConfigError, match="'spare' must be called exactly once per forward pass, was called 0"):
+    with pytest.raises(ConfigError, match="'spare' must be called exactly once per forward pass, was called 0 times "
+                                          r"\('spare' is the last nn.Linear in module order; name the head\)"):
         wrap_module(HandBuilt(), input_shape=(1, 8, 8))  # the last Linear in module order is unused
 
 

@@ -76,7 +76,13 @@ class WrappedModel(FedMechModel):
         path = head if head is not None else _last_linear(module)
         layer = _find_head(module, path)
         order, calls = _trace(module, input_shape)
-        _check_head(path, layer, calls)
+        try:
+            _check_head(path, layer, calls)
+        except ConfigError as err:
+            if head is not None:
+                raise
+            raise ConfigError(f"{err.message} ('{path}' is the last nn.Linear in module order; name the head)",
+                              err.where) from err
         gates = _gate_points(module, path, order, calls)
         if not gates:
             raise ConfigError(
@@ -273,8 +279,7 @@ def _check_head(path: str, layer: nn.Linear, calls: dict[str, _Call]) -> None:
                           f"was called {0 if call is None else len(call.calls)} times", "model.head")
     if call.output is not calls[""].output:
         raise ConfigError(f"the head '{path}' must give the model's output, but the forward pass changes "
-                          "its output afterwards; name the last layer, or wrap what follows into the module",
-                          "model.head")
+                          "its output afterwards (the model returns another tensor)", "model.head")
     if call.inputs[0].ndim != 2:
         raise ConfigError(f"the head '{path}' must read features [N, {layer.in_features}], "
                           f"got {list(call.inputs[0].shape)}", "model.head")
