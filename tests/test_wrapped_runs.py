@@ -1,6 +1,6 @@
 """Wrapped models in a real run (in process): a torchvision ResNet-18 and a user's MLP (also
-under matched_avg), one round each with the circuits and misalignment diagnostics on,
-pruning included."""
+under matched_avg and circuit_masked_avg), one round each with the circuits and
+misalignment diagnostics on, pruning included."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ TINY = [  # batches of 30: no client's last batch holds one image, which BatchNo
     ("{name: torchvision, arch: resnet18}", "fedavg", 20),
     ("{name: user_mlp, hidden: [32, 16]}", "fedavg", 2),
     ("{name: user_mlp, hidden: [32, 16]}", "matched_avg", 2),  # a chain: its channel groups are read off
+    ("{name: user_mlp, hidden: [32, 16]}", "circuit_masked_avg", 2),
 ])
 def test_a_wrapped_model_runs_with_circuits_and_misalignment(model, strategy, gates, tmp_path):
     plugins.load()
@@ -36,5 +37,8 @@ def test_a_wrapped_model_runs_with_circuits_and_misalignment(model, strategy, ga
     assert sorted(records) == ["circuits", "misalignment"] and {r["round"] for r in records.values()} == {1}
     assert len(records["circuits"]["sizes"]["global"]) == gates  # a circuit over every gated layer
     assert 0.0 <= records["misalignment"]["probe"]["accuracy"] <= 1.0
+    if strategy != "fedavg":  # its per-layer figures name the MLP's gated layers
+        (record,) = read_records(run, "strategy")
+        assert {key.rpartition("/")[2] for key in record if "/" in key} == {"1", "4"}, record
     for client in read_records(run, "client"):  # pruned to the target (0.5) by the end of local training
         assert client["sparsity"] == pytest.approx(0.5, abs=0.01)
