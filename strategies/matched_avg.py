@@ -246,14 +246,20 @@ class MatchedAvg(WeightedFedAvg):
 
 
 def check_matched_avg(params: MatchedAvgConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
-    """Layers must name the model's channel groups; activations need the audit set."""
+    """The model must give its channel groups (a wrapped module does not), and layers name
+    them; activations need the audit set."""
     if params.similarity == "activations":
         data.require_audit("matched_avg (similarity: activations) compares channel activations on", where, 50)
+    with torch.random.fork_rng(devices=[]):  # a check leaves the caller's random state alone
+        model = build_model(cfg.model.name, cfg.model.params, in_channels=data.input_shape[0],
+                            num_classes=data.num_classes, image_size=data.input_shape[1])
+    try:
+        groups = model.permutation_groups()
+    except NotImplementedError as err:
+        raise ConfigError(f"matched_avg permutes channel groups, which model '{cfg.model.name}' does not "
+                          f"give: {err}", where) from err
     if params.layers is not None:
-        with torch.random.fork_rng(devices=[]):  # a check leaves the caller's random state alone
-            model = build_model(cfg.model.name, cfg.model.params, in_channels=data.input_shape[0],
-                                num_classes=data.num_classes, image_size=data.input_shape[1])
-        names = [g.name for g in model.permutation_groups()]
+        names = [g.name for g in groups]
         unknown = [name for name in params.layers if name not in names]
         if unknown or not params.layers:
             raise ConfigError(f"layers must name channel groups of model '{cfg.model.name}' ({', '.join(names)}), "

@@ -9,29 +9,41 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, weighted_mean
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import encode_results
 from fedmech_flwr.masks import pack_masks
-from fedmech_flwr.models import build_model
+from fedmech_flwr.models import build_model, wrap_module
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.wire import REPORT_KEY
 from strategies.circuit_masked import CircuitMaskedConfig, channel_weights, check_circuit_masked_avg, circuit_channels
 from strategies.matched_avg import MatchedAvgConfig, check_matched_avg, permute
 
 EXAMPLES = [10, 30, 60]
+SHAPE = {"in_channels": 1, "num_classes": 3, "image_size": 16}
+
+
+def chain_cnn() -> nn.Module:
+    """A user's CNN that is one chain of layers (BatchNorm, a flatten into a linear layer,
+    LayerNorm), wrapped: channel groups read off its graph."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(96, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
+
+
 MODELS = {
-    "simple_cnn": ("simple_cnn", {"channels": [4, 6, 8]}),
-    "resnet10": ("resnet10", {"widths": [4, 6, 6, 8], "stem": "cifar"}),
-    "resnet10-imagenet": ("resnet10", {"widths": [4, 4, 6, 8]}),
+    "simple_cnn": lambda: build_model("simple_cnn", {"channels": [4, 6, 8]}, **SHAPE),
+    "resnet10": lambda: build_model("resnet10", {"widths": [4, 6, 6, 8], "stem": "cifar"}, **SHAPE),
+    "resnet10-imagenet": lambda: build_model("resnet10", {"widths": [4, 4, 6, 8]}, **SHAPE),
+    "wrapped_chain": lambda: wrap_module(chain_cnn(), input_shape=(1, 16, 16)),
 }
 
 
 def make_model(kind: str):
-    name, params = MODELS[kind]
-    return build_model(name, params, in_channels=1, num_classes=3, image_size=16).eval()
+    return MODELS[kind]().eval()
 
 
 def random_arrays(kind: str, seed: int) -> NamedArrays:
@@ -117,7 +129,7 @@ def test_a_model_and_its_permuted_copy_average_back_to_the_model(kind, similarit
         assert metrics[f"gain/{name}"] > 0 or metrics[f"moved/{name}"] == 0
 
 
-@pytest.mark.parametrize("kind", ["simple_cnn", "resnet10"])
+@pytest.mark.parametrize("kind", ["simple_cnn", "resnet10", "wrapped_chain"])
 def test_matching_leaves_each_clients_function_unchanged(kind, messages, monkeypatch):
     import strategies.matched_avg as matched
 
@@ -189,6 +201,28 @@ def test_matched_avg_checks_its_layers_and_the_audit_set(make_cfg):
     with pytest.raises(ConfigError, match="data.audit_per_class is 0"):
         check_matched_avg(MatchedAvgConfig(similarity="activations"), cfg, data_info(), "strategy")
     check_matched_avg(MatchedAvgConfig(similarity="activations", layers=["conv2"]), cfg, data_info(10), "strategy")
+
+
+def test_matched_avg_refuses_a_wrapped_module_with_skip_connections_and_says_why(make_cfg):
+    cfg = make_cfg("model={name: torchvision, arch: resnet18}")
+    with pytest.raises(ConfigError, match="model 'torchvision' does not give: a wrapped module gives channel groups "
+                                          r"\(permutation_groups\) only for a chain of layers") as info:
+        check_matched_avg(MatchedAvgConfig(), cfg, data_info(), "x.yaml: strategy")
+    assert info.value.where == "x.yaml: strategy"
+    assert "'add' reads 'body.layer1.0.bn2', 'body.maxpool'" in info.value.message  # layer1.0's skip connection
+
+
+@pytest.mark.parametrize(("module", "why"), [
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(784, 3)),
+     "'body.1' \\(GroupNorm\\) does not normalise each of 4 channels apart"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3, groups=1), nn.Conv2d(4, 4, 3, groups=2), nn.Flatten(), nn.Linear(576, 3)),
+     "'body.1' is a grouped convolution"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.Softmax(1), nn.Flatten(), nn.Linear(784, 3)),
+     "'body.1' \\(Softmax\\) is not known to keep channels apart"),
+])
+def test_a_wrapped_module_that_is_not_a_plain_chain_gives_no_channel_groups(module, why):
+    with pytest.raises(NotImplementedError, match=why):
+        wrap_module(module, input_shape=(1, 16, 16)).permutation_groups()
 
 
 # --- circuit_masked_avg ------------------------------------------------------------------

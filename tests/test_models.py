@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import MODELS, build_model
+from fedmech_flwr.models import MODELS, WrappedModel, build_model, register_module, wrap_module
+
+
+@dataclass
+class UserMLPConfig:
+    hidden: list[int] = field(default_factory=lambda: [16, 8])
+
+
+@register_module("user_mlp", UserMLPConfig)
+def user_mlp(cfg: UserMLPConfig, *, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    """A user's MLP, registered as a plug-in would: flatten, Linear + BatchNorm1d + ReLU,
+    then Linear + ReLU per further hidden layer, a linear head."""
+    widths = [in_channels * image_size**2, *cfg.hidden]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [nn.Linear(a, b), *([nn.BatchNorm1d(b)] if i == 0 else []), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(widths[-1], num_classes))
+
 
 SMALL_CONFIGS = {
     "simple_cnn": [{"channels": [4, 8, 8]}],
@@ -16,6 +36,7 @@ SMALL_CONFIGS = {
         {"widths": [8, 8, 8, 8], "stem": "imagenet"},
         {"widths": [8, 8, 8, 8], "stem": "cifar"},
     ],
+    "torchvision": [{"arch": "resnet18", "head": "fc"}],
 }
 CASES = [
     (name, cfg, in_channels, image_size)
@@ -66,6 +87,17 @@ def test_model_contract(name, cfg, in_channels, image_size):
         for h in hooks:
             h.remove()
         assert seen == gated
+
+    try:  # a model gives channel groups that cover every gated channel once, or says why not
+        groups = model.permutation_groups()
+    except NotImplementedError as err:
+        assert isinstance(model, WrappedModel) and "only for a chain of layers, which this is not" in str(err)
+    else:
+        state = model.state_dict()
+        assert sorted(k for g in groups for k in g.rows) == sorted(k for n in gated for k in model.channel_arrays(n))
+        for g in groups:
+            assert all(state[k].shape[0] == g.size for k in g.rows)
+            assert all(state[k].shape[1] == g.size * block for k, block in g.columns)
 
 
 def test_gating_after_norm_removes_channel():
@@ -131,3 +163,96 @@ def test_resnet_bad_config():
     with pytest.raises(ConfigError, match="positive"):
         build_model("resnet10", {"widths": [8, -1]}, in_channels=3, num_classes=10,
                     image_size=32)
+
+
+# --- any nn.Module: wrap_module ----------------------------------------------------------
+
+class HandBuilt(nn.Module):
+    """Gate points by the rule: conv1 -> bn1, conv2 (no norm) -> itself, fc1 -> ln; the
+    shared conv (called twice) and the unused linear get none; the last Linear is unused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+        self.shared = nn.Conv2d(6, 6, 1)
+        self.fc1, self.ln = nn.Linear(6, 8), nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 3)
+        self.spare = nn.Linear(8, 3)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        x = self.act(self.conv2(self.act(self.bn1(self.conv1(x)))))
+        x = F.adaptive_avg_pool2d(self.shared(self.shared(x)), 1).flatten(1)
+        return self.fc(self.act(self.ln(self.fc1(x))))
+
+
+def gate_paths(model) -> dict[str, tuple[str, str]]:
+    """Gate name -> (path of its layer, path of its gate point)."""
+    path = {id(m): p for p, m in model.named_modules()}
+    return {n: (path[id(model.layer_module(n, before_norm=True))], path[id(model.layer_module(n))])
+            for n in model.gated_layers()}
+
+
+def test_wrapping_finds_the_gates_by_the_norm_rule_and_keeps_the_function():
+    module = HandBuilt().eval()
+    original, head = copy.deepcopy(module), module.fc
+    model = wrap_module(module, input_shape=(1, 8, 8), head="fc")
+    assert gate_paths(model) == {"conv1": ("body.conv1", "body.bn1"), "conv2": ("body.conv2", "body.conv2"),
+                                 "fc1": ("body.fc1", "body.ln")}
+    assert model.gated_layers() == {"conv1": 4, "conv2": 6, "fc1": 8}
+    assert model.get_classifier() is head and model.feature_dim == 8
+    x = torch.randn(5, 1, 8, 8)
+    assert torch.equal(model.eval()(x), original(x))
+    nested = nn.Sequential(nn.Sequential(nn.Conv2d(1, 4, 3)), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 3))
+    assert gate_paths(wrap_module(nested, input_shape=(1, 8, 8))) == {"0.0": ("body.0.0", "body.1")}
+    assert model.channel_arrays("conv1") == ("body.conv1.weight", "body.conv1.bias", "body.bn1.weight",
+                                             "body.bn1.bias", "body.bn1.running_mean", "body.bn1.running_var")
+
+
+def test_the_head_is_the_last_linear_unless_named():
+    model = build_model("user_mlp", {"hidden": [6, 5]}, in_channels=1, num_classes=3, image_size=4)
+    assert list(model.gated_layers()) == ["1", "4"] and model.feature_dim == 5
+    assert gate_paths(model)["1"] == ("body.1", "body.2") and isinstance(model.body[6], nn.Identity)
+    with pytest.raises(ConfigError, match="'spare' must be called exactly once per forward pass, was called 0 times "
+                                          r"\('spare' is the last nn.Linear in module order; name the head\)"):
+        wrap_module(HandBuilt(), input_shape=(1, 8, 8))  # the last Linear in module order is unused
+
+
+def test_a_closed_gate_removes_its_channel():
+    torch.manual_seed(0)
+    model = wrap_module(HandBuilt(), input_shape=(1, 8, 8), head="fc").eval()
+    x = torch.randn(4, 1, 8, 8)
+    open_features = model.forward_features(x)
+    k = int(open_features.sum(0).argmax())  # a channel the ReLU lets through
+    kept = torch.ones(8).index_fill(0, torch.tensor([k]), 0.0)
+    model.layer_module("fc1").register_forward_hook(lambda m, i, out: out * kept)
+    features = model.forward_features(x)
+    assert (features[:, k] == 0).all() and (open_features[:, k] > 0).any()
+    assert torch.equal(features * kept, open_features * kept)  # the head reads the zero, nothing else moves
+    assert torch.allclose(model(x), model.head(features))
+
+
+@pytest.mark.parametrize(("head", "match"), [
+    ("fc2", "no submodule 'fc2'; did you mean 'fc'"),
+    ("bn1", "'bn1' is a BatchNorm2d, not an nn.Linear; its linear layers: fc1, fc, spare"),
+    ("fc1", "the head 'fc1' must give the model's output"),
+])
+def test_a_bad_head_names_the_key(head, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        wrap_module(HandBuilt(), input_shape=(1, 8, 8), head=head)
+    assert err.value.where == "model.head"
+
+
+def test_torchvision_models_are_checked_and_adapted_to_the_images():
+    with pytest.raises(ConfigError, match="unknown torchvision architecture 'resnet81'; did you mean 'resnet18'") as e:
+        build_model("torchvision", {"arch": "resnet81"}, in_channels=1, num_classes=10, image_size=28)
+    assert e.value.where == "model.arch"
+    with pytest.raises(ConfigError, match="missing required key 'arch'"):
+        build_model("torchvision", {}, in_channels=1, num_classes=10, image_size=28)
+    with pytest.raises(ConfigError, match="cannot run on inputs of shape"):
+        build_model("torchvision", {"arch": "vit_b_16"}, in_channels=3, num_classes=10, image_size=32)
+    model = build_model("torchvision", {"arch": "resnet18"}, in_channels=1, num_classes=10, image_size=28)
+    assert model.state_dict()["body.conv1.weight"].shape == (64, 1, 7, 7) and model.num_classes == 10
+    assert list(model.gated_layers())[:3] == ["conv1", "layer1.0.conv1", "layer1.0.conv2"]
+    assert gate_paths(model)["layer2.0.downsample.0"] == ("body.layer2.0.downsample.0", "body.layer2.0.downsample.1")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from fedmech_flwr.models import resnet, simple_cnn
+from fedmech_flwr.models import resnet, simple_cnn, torchvision_models
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel, build_model
+from fedmech_flwr.models.wrapped import WrappedModel, register_module, wrap_module
 
-__all__ = ["MODELS", "ChannelGroup", "FedMechModel", "build_model", "resnet", "simple_cnn"]
+__all__ = [
+    "MODELS", "ChannelGroup", "FedMechModel", "WrappedModel", "build_model", "register_module", "resnet",
+    "simple_cnn", "torchvision_models", "wrap_module",
+]

@@ -44,7 +44,7 @@ class ChannelGroup:
 
 
 class FedMechModel(nn.Module):
-    """Base class of all models.
+    """Base class of all models (an ordinary ``nn.Module`` becomes one with ``wrap_module``).
 
     Subclasses set ``num_classes``, ``feature_dim``, the classifier ``self.head`` and
     ``self._gates`` (gate name -> (path of the conv/linear layer, path of the module whose
