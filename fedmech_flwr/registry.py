@@ -89,11 +89,12 @@ class Registry(Generic[F]):
         config_cls: type | None = None,
         pairs_with: tuple[str, ...] = (),
         check: Callable[..., None] | None = None,
+        module: str | None = None,
     ) -> Callable[[F], F]:
         """Decorator: register ``factory`` under ``name`` with its config dataclass (and
-        optionally its partners and its ``check``, see ``Entry``). The module calling it
-        is recorded as the entry's ``module``, with the ``source`` it was loaded by."""
-        module = sys._getframe(1).f_globals.get("__name__", "?")  # the module body registering
+        optionally its partners and its ``check``, see ``Entry``). ``module`` (default: the
+        module calling this) is recorded as the entry's, with the ``source`` it was loaded by."""
+        module = module or sys._getframe(1).f_globals.get("__name__", "?")  # the module body registering
         source = _sources[-1] if _sources else BUILT_IN
 
         def decorator(factory: F) -> F:

@@ -256,3 +256,9 @@ def test_torchvision_models_are_checked_and_adapted_to_the_images():
     assert model.state_dict()["body.conv1.weight"].shape == (64, 1, 7, 7) and model.num_classes == 10
     assert list(model.gated_layers())[:3] == ["conv1", "layer1.0.conv1", "layer1.0.conv2"]
     assert gate_paths(model)["layer2.0.downsample.0"] == ("body.layer2.0.downsample.0", "body.layer2.0.downsample.1")
+
+
+def test_a_registered_module_comes_from_the_module_that_registered_it():
+    """``fedmech list`` names the user's module, not the wrapper's, as ``user_mlp``'s origin."""
+    assert MODELS.get("user_mlp").module == __name__
+    assert MODELS.get("torchvision").module == "fedmech_flwr.models.torchvision_models"

@@ -26,6 +26,7 @@ torchvision ResNet, a user's MLP) to the interface diagnostics rely on, and
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,7 +156,8 @@ def register_module(
     """Decorator: register ``builder(cfg, *, in_channels, num_classes, image_size) ->
     nn.Module`` as model ``name`` (``model: {name: ...}`` in an experiment), each module
     it builds wrapped by ``wrap_module`` with ``head``. ``config_cls`` and ``check`` as in
-    ``Registry.register``."""
+    ``Registry.register``; the entry's module is the caller's."""
+    caller = sys._getframe(1).f_globals.get("__name__", "?")
 
     def decorator(builder: ModuleBuilder) -> ModuleBuilder:
         @functools.wraps(builder)
@@ -163,7 +165,7 @@ def register_module(
             module = builder(cfg, in_channels=in_channels, num_classes=num_classes, image_size=image_size)
             return wrap_module(module, input_shape=(in_channels, image_size, image_size), head=head)
 
-        MODELS.register(name, config_cls, check=check)(factory)
+        MODELS.register(name, config_cls, check=check, module=caller)(factory)
         return builder
 
     return decorator
