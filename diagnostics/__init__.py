@@ -11,4 +11,4 @@ between its parameters and the experiment or its data, run at validation; see
 from diagnostics import misalignment, misalignment_table, weight_divergence  # noqa: F401
 from diagnostics.circuits import diagnostic  # noqa: F401
 from diagnostics.usae import command as usae_command  # noqa: F401
-from diagnostics.usae import diagnostic as usae_diagnostic
+from diagnostics.usae import diagnostic as usae_diagnostic  # noqa: F401
