@@ -36,7 +36,6 @@ The client must return its weights and ``num-examples``, as for FedAvg.
 from __future__ import annotations
 
 import numpy as np
-
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import WeightedFedAvg
 
@@ -64,9 +63,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
-
 from fedmech_flwr.client import CLIENTS, FedMechClient
+from torch import nn
 
 
 @dataclass
@@ -90,7 +88,6 @@ on the clients' data).
 from __future__ import annotations
 
 import numpy as np
-
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 
 
@@ -112,9 +109,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import Tensor, nn
-
 from fedmech_flwr.models import MODELS, FedMechModel
+from torch import Tensor, nn
 
 
 @dataclass
@@ -148,11 +144,11 @@ TESTS = {
     "strategy": '''"""$name aggregates mocked client replies into the hand-computed median."""
 
 import numpy as np
-
-import $name  # noqa: F401  (registers it)
 from fedmech_flwr.arrays import from_record
 from fedmech_flwr.inprocess import train_replies
 from fedmech_flwr.strategy import STRATEGIES
+
+import $name  # noqa: F401  (registers it)
 
 
 def test_aggregate_of_mocked_replies_is_the_hand_computed_median():
@@ -170,9 +166,9 @@ def test_aggregate_of_mocked_replies_is_the_hand_computed_median():
 import math
 
 import torch
+from fedmech_flwr.client import CLIENTS
 
 import $name  # noqa: F401  (registers it)
-from fedmech_flwr.client import CLIENTS
 
 
 def loss(smoothing: float, logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -193,9 +189,9 @@ def test_loss_is_the_hand_computed_smoothed_cross_entropy():
 
 import numpy as np
 import torch
+from fedmech_flwr.hooks import DIAGNOSTICS, RoundState
 
 import $name  # noqa: F401  (registers it)
-from fedmech_flwr.hooks import DIAGNOSTICS, RoundState
 
 
 def test_global_norm_of_a_known_model():
@@ -211,10 +207,10 @@ def test_global_norm_of_a_known_model():
 import pytest
 import torch
 import torch.nn.functional as F
+from fedmech_flwr.models import build_model
 from torch import nn
 
 import $name  # noqa: F401  (registers it)
-from fedmech_flwr.models import build_model
 
 
 @pytest.mark.parametrize(("in_channels", "image_size"), [(1, 28), (3, 32)])

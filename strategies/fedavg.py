@@ -44,7 +44,12 @@ class WeightedFedAvg(FedAvg):
         """The start-up log: sampling, and how the average is really weighted."""
         log.info("\t├──> Sampling: the nodes the round protocol offers (fraction_train %.2f, at least %d)",
                  self.fraction_train, self.min_train_nodes)
-        model = f"weighted by '{self.weighted_by_key}'" if self.weighting == "examples" else "uniform (1 per client)"
+        if type(self).average is not WeightedFedAvg.average:  # a subclass's own rule, e.g. fedmech new's median
+            model = f"{type(self).__name__}.average"
+        elif self.weighting == "examples":
+            model = f"weighted by '{self.weighted_by_key}'"
+        else:
+            model = "uniform (1 per client)"
         log.info("\t└──> Average: model weights %s; train metrics weighted by '%s'", model, self.weighted_by_key)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
