@@ -36,7 +36,7 @@ Not offered here: ``fedmech run --resume`` of such a run, nodes with their own d
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -58,7 +58,7 @@ from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.protocol import RoundProtocol, discover_nodes
 from fedmech_flwr.run_folder import ResumePoint, RunFolder
-from fedmech_flwr.server import RoundEnd, RunContext, completing, output_root, round_state
+from fedmech_flwr.server import RoundEnd, RunContext, completing, output_root, refuse, round_state
 from fedmech_flwr.training import resolve_device
 from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
 
@@ -135,10 +135,10 @@ class WithDiagnostics(Strategy):
         self.out = str(out) if out else None
         self.run_dir: Path | None = None
         """The run folder, once ``start`` made it."""
-        self._check(model)
+        self._check()
         self._protocol: RoundProtocol | None = None
 
-    def _check(self, model: FedMechModel) -> None:
+    def _check(self) -> None:
         """Each diagnostic's own rules (as ``fedmech validate`` runs them), against the sets given."""
         n = self.cfg.num_classes
         per_class = 0
@@ -190,13 +190,14 @@ class WithDiagnostics(Strategy):
                         "source": info.source} for cid, info in roster.clients.items()]
             audit_size = 0 if self.audit is None else len(self.audit[1])
             folder.write_partitions(clients, [f"class {c}" for c in range(cfg.num_classes)], audit_size)
+            refuse(cfg, folder, roster)
             datasets = {"test": tuple(t.to(device) for t in self.test)}
             if self.audit is not None:
                 datasets["audit"] = tuple(t.to(device) for t in self.audit)
             train_config = ConfigRecord({**(train_config or {}), CONFIG_KEY: cfg.to_json()})
             diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
-            run = RunContext(cfg, folder, self.model_builder().to(device), partial(self._build, device=device), device, cfg.num_classes, datasets, self.strategy, diagnostics, roster.node_ids, train_config,
-                             None)
+            run = RunContext(cfg, folder, self.model_builder().to(device), partial(self._build, device=device), device,
+                             cfg.num_classes, datasets, self.strategy, diagnostics, roster.node_ids, train_config, None)
             protocol = self._protocol = RoundProtocol(self.strategy, cfg, roster.node_ids, diagnostics,
                                                       partial(round_state, run), folder)
             round_end = RoundEnd(run, protocol, ResumePoint(0, from_record(initial_arrays), {}))
@@ -218,16 +219,20 @@ class WithDiagnostics(Strategy):
             raise RuntimeError("WithDiagnostics runs through its start(grid, initial_arrays, ...); call that")
         return self._protocol
 
-    def configure_train(self, server_round, arrays, config, grid):
+    # Flower's steps: the round protocol's, around the wrapped strategy.
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
         return self._started().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(self, server_round, replies):
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         return self._started().aggregate_train(server_round, replies)
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
         return self._started().configure_evaluate(server_round, arrays, config, grid)
 
-    def aggregate_evaluate(self, server_round, replies):
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return self._started().aggregate_evaluate(server_round, replies)
 
 

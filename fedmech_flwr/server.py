@@ -153,7 +153,7 @@ def run_experiment(
         roster = discover_nodes(grid, fed.num_clients, fed.round_timeout_s, base_config, bundle.num_classes)
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
         folder.write_partitions(_partition_entries(roster, parts, hist), list(bundle.class_names), len(audit))
-        _refuse(cfg, folder, roster)
+        refuse(cfg, folder, roster)
         train_config = ConfigRecord({**base_config, CLIENT_IDS_KEY: roster.ids_json()})
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
         if audit_set is not None:
@@ -195,7 +195,7 @@ def _partition_entries(roster: Roster, parts: list[np.ndarray], hist: np.ndarray
     return entries
 
 
-def _refuse(cfg: ExperimentConfig, folder: RunFolder, roster: Roster) -> None:
+def refuse(cfg: ExperimentConfig, folder: RunFolder, roster: Roster) -> None:
     """Record the nodes refused at discovery (round 0) and apply the failure policy."""
     fed = cfg.federation
     for node, reason, details in roster.refused:

@@ -40,6 +40,7 @@ from fedmech_flwr.inprocess import InProcessGrid, run_in_process
 from fedmech_flwr.launch import launch
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
+from fedmech_flwr.protocol import ClientFailure
 from fedmech_flwr.run_folder import read_records, read_status
 
 EXAMPLE = REPO / "examples" / "flower-fedavgm"
@@ -194,6 +195,15 @@ def test_diagnostics_rules_name_the_key():
         diagnosed([], num_classes=4)
 
 
+def test_the_settings_may_be_a_yaml_file(tmp_path):
+    (tmp_path / "app.yaml").write_text("name: lab\nseed: 3\nfederation: {num_clients: 2}\ndiagnostics: [{name: circuits}]\n")
+    cfg = WithDiagnostics(FedAvg(), tiny_model, tmp_path / "app.yaml", test=TEST_SET).cfg
+    assert (cfg.name, cfg.seed, cfg.num_classes, [d.name for d in cfg.diagnostics]) == ("lab", 3, 4, ["circuits"])
+    (tmp_path / "bad.yaml").write_text("federation: {num_clients: 2, clients_per_round: 3}\n")
+    with pytest.raises(ConfigError, match=r"must be <= num_clients.*bad.yaml: federation.clients_per_round"):
+        WithDiagnostics(FedAvg(), tiny_model, tmp_path / "bad.yaml", test=TEST_SET)
+
+
 def test_an_unbalanced_audit_set_is_refused():
     with pytest.raises(ValueError, match=r"same number of images of every class.*\[3, 2, 2, 1\]"):
         diagnosed([], audit=(torch.zeros(8, 1, 12, 12), torch.tensor([0, 0, 0, 1, 1, 2, 2, 3])))
@@ -224,6 +234,23 @@ def test_a_train_message_without_the_wrapper_is_answered_by_the_users_function_a
     reply = app(sent, context)
     assert list(reply.content.keys()) == ["arrays"]
     assert {"query.identify", "query.diagnose"} <= set(app._registered_funcs)
+
+
+def test_a_node_without_a_partition_is_refused_before_the_first_round(tmp_path):
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        raise AssertionError("no round may start")
+
+    attach_diagnostics(app, lambda context: tiny_model(), lambda context: TEST_SET)
+    grid = InProcessGrid(app, 2, node_configs=[{"partition-id": 0, "num-partitions": 2}, {}])
+    strategy = WithDiagnostics(FedAvg(), tiny_model, {"federation": {"num_clients": 2}}, test=TEST_SET, out=tmp_path)
+    with pytest.raises(ClientFailure, match="refused before the first round"):
+        strategy.start(grid, ArrayRecord(tiny_model().state_dict()), num_rounds=1)
+    (failure,) = read_records(strategy.run_dir, "failure")
+    assert failure["round"] == 0 and "--node-config 'partition-id=I num-partitions=N'" in failure["reason"]
+    assert read_status(strategy.run_dir)["status"] == "failed"
 
 
 def test_the_example_is_its_own_flower_app():
