@@ -90,8 +90,8 @@ class NodeInfo:
     """An own-data node's key (``node-name``, else ``node-<id>``)."""
     num_samples: int = 0
     label_histogram: tuple[int, ...] = ()
-    """What an own-data node reported of its data (a shard's are known to the server, but
-    for a shard of a user's own Flower app, which reports them too)."""
+    """What the node reported of its data: an own-data node, or a shard of a user's own
+    Flower app (``fedmech_flwr.flower``); the server knows its own experiment's shards."""
 
 
 @dataclass
@@ -244,8 +244,9 @@ class RoundProtocol(Strategy):
     Parameters
     ----------
     strategy : Strategy
-        Any Flower strategy that trains every node it is offered (built with
-        ``fraction_train=1.0`` and minimum node counts of 1).
+        Any Flower strategy. It is offered the sampled nodes; this project's strategies
+        train all of them (``fraction_train=1.0``, minimum node counts of 1), a user's own
+        may sample among them: the round records the nodes it addressed.
     cfg : ExperimentConfig or FlowerAppConfig
         The resolved experiment, or a user's own Flower app's diagnostics settings
         (sampling, failure policy, seed; sent to the clients with the diagnose query).

@@ -12,15 +12,18 @@ example, ``examples/flower-fedavgm``.
   (``train_loss``), this project's clients more. Both sides run Flower's own FedAvgM with
   server momentum 0.5 (registered for ``fedmech run`` as a plug-in in the test), so the
   aggregation is the same code; the example seeds model, data and training with
-  ``seed_for`` as this project does. The reference runs in process
-  (``run_in_process``: the ServerApp and ClientApp of ``fedmech run`` without Ray,
-  bitwise the same run as tests/test_deploy.py shows), which keeps CPU time down.
+  ``seed_for`` as this project does. The in-process test runs both sides without Ray
+  (``run_in_process`` for this project's side); the integration test runs the example with
+  ``flwr run`` and the experiment with ``fedmech run``.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,11 +113,11 @@ def assert_records_match(reference: Path, run: Path) -> None:
 
 
 @pytest.fixture
-def reference(plugin_site, tmp_path) -> Path:
-    """The example's run, by this project's ServerApp and ClientApp."""
+def same_experiment(plugin_site, tmp_path) -> Path:
+    """The example's run as an experiment file, its FedAvgM plug-in in ``plugin_site``."""
     (plugin_site / "fedavgm_plugin.py").write_text(PLUGIN)
     (tmp_path / "same.yaml").write_text(EXPERIMENT)
-    return run_in_process(load_experiment(tmp_path / "same.yaml"), tmp_path / "reference")
+    return tmp_path / "same.yaml"
 
 
 @pytest.fixture
@@ -140,7 +143,9 @@ def assert_example_folder(run: Path) -> None:
     assert {"accuracy.png", "circuits_iou.png", "misalignment_accuracy.png", "label_distribution.png"} <= plots
 
 
-def test_the_example_app_in_process_matches_the_same_fedmech_run(example, reference, tmp_path):
+def test_the_example_app_in_process_matches_the_same_fedmech_run(example, same_experiment, tmp_path):
+    """Both sides in process: the ServerApp and ClientApp without Ray."""
+    reference = run_in_process(load_experiment(same_experiment), tmp_path / "reference")
     server_app, client_app = example
     out = tmp_path / "example"
     run_config = {**RUN_CONFIG, "out": str(out)}
@@ -154,8 +159,14 @@ def test_the_example_app_in_process_matches_the_same_fedmech_run(example, refere
 
 
 @pytest.mark.integration
-def test_flwr_run_of_the_example_matches_the_same_fedmech_run(reference, tmp_path):
-    """``flwr run examples/flower-fedavgm`` on a private SuperLink with Ray (about 60 s)."""
+def test_flwr_run_of_the_example_matches_the_same_fedmech_run(same_experiment, plugin_site, tmp_path):
+    """``flwr run examples/flower-fedavgm`` and ``fedmech run`` of the same experiment, each
+    on a private SuperLink with Ray (about 60 s each)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_site), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.cli", "run", str(same_experiment), "--out",
+                           str(tmp_path / "reference")], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (reference,) = (tmp_path / "reference").iterdir()
     out = tmp_path / "example"
     log = io.StringIO()
     result = launch({**RUN_CONFIG, "out": str(out)}, 3, SimulationConfig(), stream=log, app=EXAMPLE)
