@@ -123,8 +123,9 @@ class WithDiagnostics(Strategy):
         ServerApp runs in the SuperLink's working directory.
     """
 
-    def __init__(self, strategy: Strategy, model_builder: ModelBuilder, config: Mapping[str, Any] | FlowerAppConfig | str | Path,
-                 *, test: LabelledSet, audit: LabelledSet | None = None, out: str | Path | None = None) -> None:
+    def __init__(self, strategy: Strategy, model_builder: ModelBuilder,
+                 config: Mapping[str, Any] | FlowerAppConfig | str | Path, *, test: LabelledSet,
+                 audit: LabelledSet | None = None, out: str | Path | None = None) -> None:
         plugins.load()
         model = _fedmech_model(model_builder(), "model_builder()")
         self.strategy = strategy
@@ -148,7 +149,8 @@ class WithDiagnostics(Strategy):
                 raise ValueError(f"audit must hold the same number of images of every class (probes and heads "
                                  f"split it per class), got {counts} images of classes 0..{n - 1}")
             per_class = counts[0]
-        info = DataInfo(torch.zeros(0, dtype=torch.long), len(self.test[1]), n, tuple(self.test[0].shape[1:]), per_class)
+        shape = tuple(self.test[0].shape[1:])
+        info = DataInfo(torch.zeros(0, dtype=torch.long), len(self.test[1]), n, shape, per_class)
         registry = plugin_registries()["diagnostic"]
         for i, spec in enumerate(self.cfg.diagnostics):
             if (check := registry.get(spec.name).check) is None:
@@ -186,8 +188,9 @@ class WithDiagnostics(Strategy):
             strategy = type(self.strategy)
             folder.write_config({**cfg.to_plain(), "strategy": f"{strategy.__module__}.{strategy.__qualname__}"})
             folder.write_environment(cfg.seed, str(device), {})
-            clients = [{"partition_id": cid, "num_samples": info.num_samples, "label_histogram": list(info.label_histogram),
-                        "source": info.source} for cid, info in roster.clients.items()]
+            clients = [{"partition_id": cid, "num_samples": info.num_samples,
+                        "label_histogram": list(info.label_histogram), "source": info.source}
+                       for cid, info in roster.clients.items()]
             audit_size = 0 if self.audit is None else len(self.audit[1])
             folder.write_partitions(clients, [f"class {c}" for c in range(cfg.num_classes)], audit_size)
             refuse(cfg, folder, roster)
@@ -245,7 +248,8 @@ def _app_config(config: Mapping[str, Any] | FlowerAppConfig | str | Path, num_cl
     else:
         raw, source = dict(config), "WithDiagnostics config"
     if "num_classes" in raw:
-        raise ConfigError("num_classes comes from the model (model_builder().num_classes); leave it out", f"{source}: num_classes")
+        raise ConfigError("num_classes comes from the model (model_builder().num_classes); leave it out",
+                          f"{source}: num_classes")
     return parse_flower_app({**raw, "num_classes": num_classes}, source)
 
 
