@@ -158,6 +158,26 @@ def test_the_example_app_in_process_matches_the_same_fedmech_run(example, same_e
     assert_records_match(reference, run)
 
 
+def test_a_strategy_that_samples_itself_is_recorded_as_it_sampled(example, tmp_path):
+    """Flower's FedAvg picks one of the three clients the round protocol offers: the round
+    records that one as sampled, and the others as neither trained nor failed."""
+    _, client_app = example
+    grid = InProcessGrid(client_app.app, 3)
+    for context in grid.contexts.values():
+        context.run_config = RUN_CONFIG
+    build = lambda: client_app.node_model(grid.contexts[1000])  # noqa: E731
+    strategy = WithDiagnostics(FedAvg(fraction_train=0.3, min_train_nodes=1, min_available_nodes=1,
+                                      fraction_evaluate=0.0), build,
+                               {"federation": {"num_clients": 3}, "diagnostics": [{"name": "weight_divergence"}]},
+                               test=TEST_SET, out=tmp_path)
+    strategy.start(grid, ArrayRecord(build().state_dict()), num_rounds=2)
+    evals = read_records(strategy.run_dir, "eval")[1:]
+    assert [len(r["clients_sampled"]) for r in evals] == [1, 1]
+    assert all(r["clients_sampled"] == r["clients_succeeded"] for r in evals)
+    assert not read_records(strategy.run_dir, "failure")
+    assert [len(r["clients"]) for r in read_records(strategy.run_dir, "diagnostic")] == [1, 1]
+
+
 @pytest.mark.integration
 def test_flwr_run_of_the_example_matches_the_same_fedmech_run(same_experiment, plugin_site, tmp_path):
     """``flwr run examples/flower-fedavgm`` and ``fedmech run`` of the same experiment, each
