@@ -45,7 +45,7 @@ from flwr.clientapp import ClientApp
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
-from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
+from fedmech_flwr.config import Component, DiagnosticSpec, ExperimentConfig, experiment_from_json
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
@@ -199,6 +199,27 @@ def _setup(msg: Message, context: Context):
     return cfg, server_round, pid, device, data, new_model(cfg, bundle, device)
 
 
+def local_results(diagnostics: list[DiagnosticSpec], ctx: ClientContext) -> dict[str, dict[str, Any]]:
+    """The due diagnostics' ``client_side`` results after local training, by name."""
+    results = {}
+    for spec in diagnostics:
+        if spec.due(ctx.server_round) and (out := spec.build().client_side(ctx)):
+            results[spec.name] = out
+    return results
+
+
+def global_results(diagnostics: list[DiagnosticSpec], ctx: GlobalContext) -> dict[str, dict[str, Any]]:
+    """The due diagnostics' ``client_side_global`` results on the new aggregate, by name."""
+    results = {}
+    for spec in diagnostics:
+        if not spec.due(ctx.server_round):
+            continue
+        diagnostic = spec.build()
+        if diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
+            results[spec.name] = out
+    return results
+
+
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
     """Tell the server who this node is: the partition it holds, or, for a node with its
@@ -234,10 +255,7 @@ def train(msg: Message, context: Context) -> Message:
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
     ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device,
                         cfg.seed)
-    results = {}
-    for spec in cfg.diagnostics:
-        if spec.due(server_round) and (out := spec.build().client_side(ctx)):
-            results[spec.name] = out
+    results = local_results(cfg.diagnostics, ctx)
     content = RecordDict({
         "arrays": to_record(dict(zip(model.state_dict(), new_params))),
         "metrics": MetricRecord({"num-examples": int(num_examples), **numeric}),
@@ -251,14 +269,7 @@ def diagnose(msg: Message, context: Context) -> Message:
     cfg, server_round, pid, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
     ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device, cfg.seed)
-    results = {}
-    for spec in cfg.diagnostics:
-        if not spec.due(server_round):
-            continue
-        diagnostic = spec.build()
-        if diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
-            results[spec.name] = out
-    report = ConfigRecord({"partition-id": pid, **encode_results(results)})
+    report = ConfigRecord({"partition-id": pid, **encode_results(global_results(cfg.diagnostics, ctx))})
     return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
 
 

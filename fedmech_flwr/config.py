@@ -212,19 +212,39 @@ class ExperimentConfig:
         return json.dumps(self.to_plain(), sort_keys=True)
 
 
+@dataclass
+class FlowerAppConfig:
+    """The diagnostics of a user's own Flower app (``fedmech_flwr.flower``): what an
+    experiment says of a run, less the data, model, client and strategy, which the app
+    owns. Saved as the run folder's config and sent to the app's clients."""
+
+    num_classes: int = field(metadata={"ge": 2})
+    name: str = field(default="flower-app", metadata={"parse": _parse_name})
+    """Names the run folder, ``<output_root>/<name>-<UTC time>``."""
+    seed: int = 0
+    """Seeds the round protocol's and the diagnostics' random streams (``seeds.seed_for``)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_root: str = "~/fedmech-runs"
+    eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    include_head: bool = False
+    """Count the classifier head in the eval record's ``sparsity``."""
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    """``num_clients`` SuperNodes, each started with a ``partition-id``; sampling, the
+    failed-client policy and checkpoints as in an experiment. ``num_rounds`` and
+    ``round_timeout_s`` come from ``start``'s arguments."""
+    diagnostics: list[DiagnosticSpec] = field(default_factory=list, metadata={"parse": _parse_diagnostics})
+
+    @property
+    def pruning(self) -> PruningConfig:
+        """What the server's evaluation reads of pruning: whether the head counts."""
+        return PruningConfig(mode="dense", include_head=self.include_head)
+
+    to_plain = ExperimentConfig.to_plain
+    to_json = ExperimentConfig.to_json
+
+
 def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
-    fed = cfg.federation
-    if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
-        raise ConfigError(
-            f"clients_per_round ({fed.clients_per_round}) must be <= num_clients ({fed.num_clients})",
-            f"{where}federation.clients_per_round",
-        )
-    sampled = fed.clients_per_round or fed.num_clients
-    if fed.min_replies > sampled:
-        raise ConfigError(
-            f"min_replies ({fed.min_replies}) must be <= the clients sampled per round ({sampled})",
-            f"{where}federation.min_replies",
-        )
+    _check_federation(cfg.federation, where)
     _check_pairing(cfg, where)
     address = cfg.simulation.ray_address
     if address is not None and address != "auto" and not re.fullmatch(r"[\w.\-]+:\d+", address):
@@ -240,6 +260,20 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
             "in the SuperLink's working directory, so a relative path would land somewhere "
             "unexpected (use --out DIR or FEDMECH_OUT for a folder relative to you)",
             f"{where}output_root",
+        )
+
+
+def _check_federation(fed: FederationConfig, where: str) -> None:
+    if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
+        raise ConfigError(
+            f"clients_per_round ({fed.clients_per_round}) must be <= num_clients ({fed.num_clients})",
+            f"{where}federation.clients_per_round",
+        )
+    sampled = fed.clients_per_round or fed.num_clients
+    if fed.min_replies > sampled:
+        raise ConfigError(
+            f"min_replies ({fed.min_replies}) must be <= the clients sampled per round ({sampled})",
+            f"{where}federation.min_replies",
         )
 
 
@@ -264,6 +298,14 @@ def parse_structure(raw: Any, source: str) -> ExperimentConfig:
     load_plugins(raw, source)
     cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
     _check_cross_field(cfg, f"{source}: ")
+    return cfg
+
+
+def parse_flower_app(raw: Any, source: str) -> FlowerAppConfig:
+    """A plain mapping as a FlowerAppConfig: keys, types, ranges, diagnostic names and the
+    federation's rules; ``source`` names where it came from in error messages."""
+    cfg = parse_dataclass(FlowerAppConfig, raw, f"{source}:")
+    _check_federation(cfg.federation, f"{source}: ")
     return cfg
 
 

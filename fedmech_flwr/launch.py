@@ -210,11 +210,11 @@ class _LocalFlower:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
     def run(self, run_config: dict[str, str], federation_config: str | None = None,
-            stream: TextIO | None = None) -> LaunchResult:
-        """``flwr run`` this app, stream its log to ``stream`` (default: stdout), and read
-        the run's final status."""
+            stream: TextIO | None = None, app: Path = APP_DIR) -> LaunchResult:
+        """``flwr run`` an app (this one by default), stream its log to ``stream`` (default:
+        stdout), and read the run's final status."""
         stream = stream or sys.stdout
-        cmd = [_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
+        cmd = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
                "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
         if federation_config:
             cmd += ["--federation-config", federation_config]
@@ -288,8 +288,9 @@ def _quote(value: str) -> str:
 
 
 def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
-           num_cpus: int | None = None, stream: TextIO | None = None) -> LaunchResult:
-    """``flwr run`` this app with ``run_config`` on a fresh local simulation SuperLink.
+           num_cpus: int | None = None, stream: TextIO | None = None, app: Path = APP_DIR) -> LaunchResult:
+    """``flwr run`` an app (this one by default; a user's own Flower app, say) with
+    ``run_config`` on a fresh local simulation SuperLink.
 
     The clients' resources go to Flower's Ray backend through ``--federation-config``;
     ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray, and
@@ -305,7 +306,7 @@ def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfi
                       f"client-resources-num-gpus={sim.gpus_per_client}")
         if num_cpus and not sim.ray_address:
             federation += f" init-args-num-cpus={num_cpus}"
-        return flower.run(run_config, federation, stream)
+        return flower.run(run_config, federation, stream, app)
 
 
 def node_data_entries(folder: Path) -> list[Path]:

@@ -150,8 +150,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if evals:
         acc = {"global model (test)": [(r["round"], r["accuracy"]) for r in evals]}
         by_round = defaultdict(list)
-        for r in clients:
-            by_round[r["round"]].append(r["train_accuracy"])
+        for r in clients:  # a user's own ClientApp (fedmech_flwr.flower) may report neither
+            if "train_accuracy" in r:
+                by_round[r["round"]].append(r["train_accuracy"])
         if by_round:
             acc["clients, mean train accuracy"] = [(k, float(np.mean(v))) for k, v in by_round.items()]
         out.append(line_plot(acc, "Accuracy over rounds", "accuracy", plots / "accuracy.png", (0.0, 1.0)))
@@ -163,10 +164,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                            "Per-class test accuracy of the global model",
                            plots / "per_class_accuracy.png"))
         sparsity = {"global model": [(r["round"], r["sparsity"]) for r in evals]}
-        if by_round:
-            mean_client = defaultdict(list)
-            for r in clients:
+        mean_client = defaultdict(list)
+        for r in clients:
+            if "sparsity" in r:
                 mean_client[r["round"]].append(r["sparsity"])
+        if mean_client:
             sparsity["clients (mean)"] = [(k, float(np.mean(v))) for k, v in mean_client.items()]
         out.append(line_plot(sparsity, "Actual sparsity of prunable layers", "fraction of zero weights",
                              plots / "sparsity.png", (0.0, 1.0)))

@@ -40,7 +40,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
-from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
+from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line
 from fedmech_flwr.seeds import numpy_rng
@@ -90,7 +90,8 @@ class NodeInfo:
     """An own-data node's key (``node-name``, else ``node-<id>``)."""
     num_samples: int = 0
     label_histogram: tuple[int, ...] = ()
-    """What an own-data node reported of its data (a shard's are known to the server)."""
+    """What the node reported of its data: an own-data node, or a shard of a user's own
+    Flower app (``fedmech_flwr.flower``); the server knows its own experiment's shards."""
 
 
 @dataclass
@@ -112,9 +113,11 @@ class Roster:
         return json.dumps({str(info.node_id): cid for cid, info in self.clients.items()})
 
 
-def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
+def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int,
+                   action: str = "") -> Roster:
     """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
-    which own-data nodes check their data against) and give each a client id.
+    which own-data nodes check their data against) and give each a client id. The query
+    is ``query.<action>``, a plain ``query`` without one.
 
     Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
     own-data nodes get the ids no shard node holds, in the order of their keys. A node
@@ -137,7 +140,8 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
             f"run with as many SuperNodes as clients (simulation: --federation-config "
             f"'num-supernodes={expected}') or set federation.num_clients={len(node_ids)}"
         )
-    queries = [Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
+    kind = f"{MessageType.QUERY}.{action}" if action else MessageType.QUERY
+    queries = [Message(RecordDict({"config": config}), dst_node_id=n, message_type=kind) for n in node_ids]
     shards: dict[int, NodeInfo] = {}
     own: dict[str, NodeInfo] = {}
     refused = []
@@ -156,7 +160,8 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
                 raise ClientFailure(f"two nodes claim partition-id {pid}; each node needs its own")
             if not 0 <= pid < expected:
                 raise ClientFailure(f"node {node} claims partition-id {pid}, outside 0..{expected - 1}")
-            shards[pid] = NodeInfo(node, SHARD)
+            reported = tuple(int(c) for c in info.get("label-histogram", []))  # a user's own ClientApp says it
+            shards[pid] = NodeInfo(node, SHARD, num_samples=int(info.get("num-samples", 0)), label_histogram=reported)
             continue
         name = str(reply.content.config_records["name"]["node-key"])
         hist = tuple(int(c) for c in info["label-histogram"])
@@ -239,10 +244,12 @@ class RoundProtocol(Strategy):
     Parameters
     ----------
     strategy : Strategy
-        Any Flower strategy that trains every node it is offered (built with
-        ``fraction_train=1.0`` and minimum node counts of 1).
-    cfg : ExperimentConfig
-        The resolved experiment (sampling, failure policy, seed, diagnostics).
+        Any Flower strategy. It is offered the sampled nodes; this project's strategies
+        train all of them (``fraction_train=1.0``, minimum node counts of 1), a user's own
+        may sample among them: the round records the nodes it addressed.
+    cfg : ExperimentConfig or FlowerAppConfig
+        The resolved experiment, or a user's own Flower app's diagnostics settings
+        (sampling, failure policy, seed; sent to the clients with the diagnose query).
     partitions : dict[int, int]
         ``{client_id: node_id}`` (``Roster.node_ids`` from :func:`discover_nodes`).
     diagnostics : list[tuple[DiagnosticSpec, Diagnostic]]
@@ -260,7 +267,7 @@ class RoundProtocol(Strategy):
     def __init__(
         self,
         strategy: Strategy,
-        cfg: ExperimentConfig,
+        cfg: ExperimentConfig | FlowerAppConfig,
         partitions: dict[int, int],
         diagnostics: list[tuple[DiagnosticSpec, Diagnostic]],
         make_state: Callable[[int, NamedArrays, NamedArrays, dict[int, ClientUpdate]], RoundState],
@@ -344,7 +351,10 @@ class RoundProtocol(Strategy):
         self._grid = grid
         self._train_config = config
         offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
-        return list(self.strategy.configure_train(server_round, arrays, config, offered))
+        messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
+        # a strategy that samples itself (a user's own, fraction_train < 1) trains fewer
+        self.current.sampled = tuple(sorted(self.node_to_partition[m.metadata.dst_node_id] for m in messages))
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round += self.offset

@@ -18,7 +18,8 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite
-from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig
+from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import (
     audit_indices,
@@ -62,9 +63,10 @@ class Diverged(RuntimeError):
 
 @dataclass(frozen=True)
 class RunContext:
-    """What the rounds of one run need, built once by ``run_experiment``."""
+    """What the rounds of one run need, built once by ``run_experiment`` (or, for a
+    user's own Flower app, by ``fedmech_flwr.flower.WithDiagnostics``)."""
 
-    cfg: ExperimentConfig
+    cfg: ExperimentConfig | FlowerAppConfig
     folder: RunFolder
     model: torch.nn.Module
     """The server's model: each round's global model is loaded into it for evaluation."""
@@ -143,7 +145,7 @@ def run_experiment(
         folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)
         point = None
         log.info("Run folder: %s", folder.path)
-    try:
+    with completing(folder):
         if not resume:
             folder.write_config(cfg.to_plain())
             folder.write_environment(cfg.seed, str(device), run_config or {})
@@ -151,7 +153,7 @@ def run_experiment(
         roster = discover_nodes(grid, fed.num_clients, fed.round_timeout_s, base_config, bundle.num_classes)
         hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes)
         folder.write_partitions(_partition_entries(roster, parts, hist), list(bundle.class_names), len(audit))
-        _refuse(cfg, folder, roster)
+        refuse(cfg, folder, roster)
         train_config = ConfigRecord({**base_config, CLIENT_IDS_KEY: roster.ids_json()})
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
         if audit_set is not None:
@@ -159,9 +161,18 @@ def run_experiment(
         run = RunContext(cfg, folder, model, model_builder(cfg, bundle, device), device, bundle.num_classes, datasets,
                          strategy, diagnostics, roster.node_ids, train_config, point)
         folder.final_model(_run_rounds(grid, run))
+    return folder.path
+
+
+@contextmanager
+def completing(folder: RunFolder) -> Iterator[None]:
+    """Mark ``folder`` completed, with its plots, when the block ends; failed (with the
+    error, and the plots of the rounds it finished) when it raises."""
+    try:
+        yield
     except BaseException as err:
         folder.set_status("failed", f"{type(err).__name__}: {err}")
-        try:  # a failed run still gets the plots of the rounds it finished
+        try:
             plot_run(folder.path)
         except Exception as plot_err:  # never hide the run's own error behind a plotting one
             log.warning("could not plot the failed run: %s", plot_err)
@@ -169,7 +180,6 @@ def run_experiment(
     plot_run(folder.path)
     folder.set_status("completed")
     log.info("Run completed: %s", folder.path)
-    return folder.path
 
 
 def _partition_entries(roster: Roster, parts: list[np.ndarray], hist: np.ndarray) -> list[dict[str, Any]]:
@@ -185,7 +195,7 @@ def _partition_entries(roster: Roster, parts: list[np.ndarray], hist: np.ndarray
     return entries
 
 
-def _refuse(cfg: ExperimentConfig, folder: RunFolder, roster: Roster) -> None:
+def refuse(cfg: ExperimentConfig, folder: RunFolder, roster: Roster) -> None:
     """Record the nodes refused at discovery (round 0) and apply the failure policy."""
     fed = cfg.federation
     for node, reason, details in roster.refused:
@@ -222,7 +232,7 @@ def _run_rounds(grid: Grid, run: RunContext) -> NamedArrays:
     start = run.resume_from or ResumePoint(0, model_arrays(run.model), {})
     pruning = run.cfg.pruning
     reprune = partial(_reprune, run) if pruning.mode == "magnitude" and pruning.server_reprune else None
-    protocol = RoundProtocol(run.strategy, run.cfg, run.partitions, run.diagnostics, partial(_round_state, run),
+    protocol = RoundProtocol(run.strategy, run.cfg, run.partitions, run.diagnostics, partial(round_state, run),
                              run.folder, reprune, resume_after=start.last_round if run.resume_from else None)
     if run.resume_from:
         protocol.restore(run.resume_from.protocol_state)
@@ -231,7 +241,7 @@ def _run_rounds(grid: Grid, run: RunContext) -> NamedArrays:
     return round_end.committed.global_arrays
 
 
-def _round_state(run: RunContext, rnd: int, global_arrays: NamedArrays, previous: NamedArrays,
+def round_state(run: RunContext, rnd: int, global_arrays: NamedArrays, previous: NamedArrays,
                  clients: dict[int, ClientUpdate]) -> RoundState:
     """What the diagnostics see of round ``rnd``."""
     return RoundState(rnd, global_arrays, previous, clients, run.datasets, run.num_classes, run.build, run.device,

@@ -1,0 +1,355 @@
+"""The diagnostics in your own Flower app: a small, stable API.
+
+A Flower app of your own (your model, your ClientApp and training loop, a stock Flower
+strategy such as FedAvgM or FedAdam) gets this project's diagnostics without moving into
+its layout:
+
+- on the server, ``WithDiagnostics(strategy, model_builder, config, test=..., audit=...)``
+  wraps any Flower strategy of the Message API, the way Flower's DP wrappers do. Its
+  ``start`` is Flower's; every round, after the strategy aggregated, the round protocol
+  (``fedmech_flwr.protocol.RoundProtocol``) and the server's round end
+  (``fedmech_flwr.server.RoundEnd``) evaluate the new global model on ``test``, run the due
+  diagnostics on it (their client-side parts through this project's ``query.diagnose``)
+  and write the run folder ``fedmech run`` writes: config, environment, partitions,
+  metrics.jsonl, checkpoints, the final model and plots;
+- on every client, ``attach_diagnostics(app, model_builder, train_data)`` registers the
+  queries that server sends (``query.identify``, ``query.diagnose``) on your ClientApp and
+  adds the diagnostics' after-training part (``Diagnostic.client_side``, e.g. local
+  circuits) to its train replies.
+
+What your app must do:
+
+- ``model_builder()`` returns a fresh ``fedmech_flwr.models.FedMechModel`` (the same
+  architecture on the server and every client): diagnostics read features, the head and
+  the gated layers through that contract, never through the model's class;
+- every SuperNode's node-config holds ``partition-id`` and ``num-partitions`` (simulation
+  sets them; ``flower-supernode --node-config`` on real devices), ``num-partitions`` equal
+  to ``federation.num_clients``;
+- train replies hold one ArrayRecord (the model's ``state_dict`` names) and a MetricRecord
+  with ``num-examples``, as Flower's FedAvg family needs anyway;
+- ``train_data(context)`` returns the node's training images and labels (tensors).
+
+Not offered here: ``fedmech run --resume`` of such a run, nodes with their own data
+(``data-path``) and server-side re-pruning.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedmech_flwr import plugins
+from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays
+from fedmech_flwr.client_app import global_results, local_results
+from fedmech_flwr.config import FlowerAppConfig, parse_flower_app, plugin_registries, read_yaml
+from fedmech_flwr.data import DataInfo
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
+from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.protocol import RoundProtocol, discover_nodes
+from fedmech_flwr.run_folder import ResumePoint, RunFolder
+from fedmech_flwr.server import RoundEnd, RunContext, completing, output_root, refuse, round_state
+from fedmech_flwr.training import resolve_device
+from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
+
+__all__ = ["WithDiagnostics", "attach_diagnostics"]
+
+ModelBuilder = Callable[[], torch.nn.Module]
+"""The server's: a fresh model (a ``FedMechModel``), the architecture the clients train."""
+NodeModelBuilder = Callable[[Context], torch.nn.Module]
+"""A client's: the same fresh model, given the node's Flower context (a ClientApp learns its
+run config only from it)."""
+LabelledSet = tuple[torch.Tensor, torch.Tensor]
+"""Images ``[N, C, H, W]`` and integer labels ``[N]``."""
+TrainData = Callable[[Context], LabelledSet]
+"""The node's own training data, given its Flower context."""
+
+
+def _fedmech_model(model: torch.nn.Module, where: str) -> FedMechModel:
+    """``model`` if it keeps the FedMechModel contract, else a TypeError saying so."""
+    if not isinstance(model, FedMechModel):
+        raise TypeError(
+            f"{where} returned a {type(model).__name__}, but the diagnostics need a "
+            "fedmech_flwr.models.FedMechModel: they read its features, head and gated layers (the "
+            "layers circuits put gates on) through that contract. Build the model as a FedMechModel "
+            "subclass, take a registered one (fedmech_flwr.models.build_model), or wrap yours with "
+            "fedmech_flwr.models.wrap_module, on the server and the clients alike"
+        )
+    return model
+
+
+def _holding(model: torch.nn.Module, arrays: NamedArrays, device: torch.device) -> FedMechModel:
+    """A fresh ``model`` holding ``arrays``, on ``device``, in eval mode."""
+    model = _fedmech_model(model, "model_builder")
+    load_model_arrays(model, arrays)
+    return model.to(device).eval()
+
+
+class WithDiagnostics(Strategy):
+    """Any Flower strategy, with this project's diagnostics after every aggregation.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        A Flower strategy of the Message API (``flwr.serverapp.strategy``). It samples as it
+        likes among the clients the round protocol offers (all of them unless
+        ``federation.clients_per_round`` says otherwise) and aggregates as it likes.
+    model_builder : callable
+        ``model_builder()``: a fresh ``FedMechModel``, the architecture the clients train.
+    config : mapping, FlowerAppConfig, or a YAML file's path
+        ``FlowerAppConfig``'s keys: ``name``, ``seed``, ``federation`` (``num_clients`` is
+        required in practice: the SuperNodes to wait for), ``diagnostics`` (a list written as
+        in an experiment, e.g. ``[{name: circuits, every: 1}]``), ``output_root``, ``device``.
+        ``num_classes`` comes from the model.
+    test : (images, labels)
+        The server's test set: the global model's eval record every round, and the
+        diagnostics' ``test`` data set.
+    audit : (images, labels), optional
+        The server's audit set, held out from every client, with the same number of images
+        of each class; what ``misalignment`` trains probes and heads on, and what
+        ``circuits`` (``audit: true``) and ``usae`` use. Diagnostics that need it refuse to
+        start without it.
+    out : str or Path, optional
+        The output root (else ``FEDMECH_OUT``, else ``output_root``); absolute, since the
+        ServerApp runs in the SuperLink's working directory.
+    """
+
+    def __init__(self, strategy: Strategy, model_builder: ModelBuilder,
+                 config: Mapping[str, Any] | FlowerAppConfig | str | Path, *, test: LabelledSet,
+                 audit: LabelledSet | None = None, out: str | Path | None = None) -> None:
+        plugins.load()
+        model = _fedmech_model(model_builder(), "model_builder()")
+        self.strategy = strategy
+        self.model_builder = model_builder
+        self.cfg = _app_config(config, model.num_classes)
+        self.test = test
+        self.audit = audit
+        self.out = str(out) if out else None
+        self.run_dir: Path | None = None
+        """The run folder, once ``start`` made it."""
+        self._check()
+        self._protocol: RoundProtocol | None = None
+
+    def _check(self) -> None:
+        """Each diagnostic's own rules (as ``fedmech validate`` runs them), against the sets given."""
+        n = self.cfg.num_classes
+        per_class = 0
+        if self.audit is not None:
+            counts = torch.bincount(self.audit[1].cpu(), minlength=n).tolist()
+            if len(set(counts)) != 1:
+                raise ValueError(f"audit must hold the same number of images of every class (probes and heads "
+                                 f"split it per class), got {counts} images of classes 0..{n - 1}")
+            per_class = counts[0]
+        shape = tuple(self.test[0].shape[1:])
+        info = DataInfo(torch.zeros(0, dtype=torch.long), len(self.test[1]), n, shape, per_class)
+        registry = plugin_registries()["diagnostic"]
+        for i, spec in enumerate(self.cfg.diagnostics):
+            if (check := registry.get(spec.name).check) is None:
+                continue
+            try:
+                check(spec.params, self.cfg, info, f"WithDiagnostics config: diagnostics[{i}]")
+            except ConfigError as err:
+                if self.audit is None and "audit" in err.message:
+                    raise ConfigError(f"diagnostic '{spec.name}' needs the server's audit set, but WithDiagnostics was "
+                                      "given none: pass audit=(images, labels), the same number of each class, held "
+                                      "out from every client", err.where) from None
+                raise
+
+    def summary(self) -> None:
+        (self._protocol or self.strategy).summary()
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's ``Strategy.start``, writing a run folder (``run_dir``) as it goes.
+
+        Before the first round every node is asked its partition-id and label histogram
+        (``query.identify``). Each round ends with your ``evaluate_fn`` (if any), then the
+        server's evaluation on ``test``, the divergence check, the diagnostics and the
+        checkpoint. Returns Flower's ``Result``.
+        """
+        cfg = self.cfg = replace(self.cfg, federation=replace(self.cfg.federation, num_rounds=num_rounds,
+                                                               round_timeout_s=float(timeout)))
+        device = resolve_device(cfg.device)
+        identify = ConfigRecord({CONFIG_KEY: cfg.to_json()})
+        roster = discover_nodes(grid, cfg.federation.num_clients, timeout, identify, cfg.num_classes, IDENTIFY_ACTION)
+        folder = RunFolder.create(output_root(cfg, self.out), cfg.name)
+        self.run_dir = folder.path
+        with completing(folder):
+            strategy = type(self.strategy)
+            folder.write_config({**cfg.to_plain(), "strategy": f"{strategy.__module__}.{strategy.__qualname__}"})
+            folder.write_environment(cfg.seed, str(device), {})
+            clients = [{"partition_id": cid, "num_samples": info.num_samples,
+                        "label_histogram": list(info.label_histogram), "source": info.source}
+                       for cid, info in roster.clients.items()]
+            audit_size = 0 if self.audit is None else len(self.audit[1])
+            folder.write_partitions(clients, [f"class {c}" for c in range(cfg.num_classes)], audit_size)
+            refuse(cfg, folder, roster)
+            datasets = {"test": tuple(t.to(device) for t in self.test)}
+            if self.audit is not None:
+                datasets["audit"] = tuple(t.to(device) for t in self.audit)
+            train_config = ConfigRecord({**(train_config or {}), CONFIG_KEY: cfg.to_json()})
+            diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
+            run = RunContext(cfg, folder, self.model_builder().to(device), partial(self._build, device=device), device,
+                             cfg.num_classes, datasets, self.strategy, diagnostics, roster.node_ids, train_config, None)
+            protocol = self._protocol = RoundProtocol(self.strategy, cfg, roster.node_ids, diagnostics,
+                                                      partial(round_state, run), folder)
+            round_end = RoundEnd(run, protocol, ResumePoint(0, from_record(initial_arrays), {}))
+
+            def end_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+                theirs = evaluate_fn(server_round, arrays) if evaluate_fn else None
+                ours = round_end(server_round, arrays)
+                return theirs if evaluate_fn else ours
+
+            result = protocol.start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, end_round)
+            folder.final_model(round_end.committed.global_arrays)
+        return result
+
+    def _build(self, arrays: NamedArrays, device: torch.device) -> FedMechModel:
+        return _holding(self.model_builder(), arrays, device)
+
+    def _started(self) -> RoundProtocol:
+        if self._protocol is None:
+            raise RuntimeError("WithDiagnostics runs through its start(grid, initial_arrays, ...); call that")
+        return self._protocol
+
+    # Flower's steps: the round protocol's, around the wrapped strategy.
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        return self._started().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self._started().aggregate_train(server_round, replies)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self._started().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self._started().aggregate_evaluate(server_round, replies)
+
+
+def _app_config(config: Mapping[str, Any] | FlowerAppConfig | str | Path, num_classes: int) -> FlowerAppConfig:
+    """``config`` validated, with the model's class count."""
+    if isinstance(config, FlowerAppConfig):
+        return replace(config, num_classes=num_classes)
+    if isinstance(config, (str, Path)):
+        raw, source = read_yaml(config), str(config)
+    else:
+        raw, source = dict(config), "WithDiagnostics config"
+    if "num_classes" in raw:
+        raise ConfigError("num_classes comes from the model (model_builder().num_classes); leave it out",
+                          f"{source}: num_classes")
+    return parse_flower_app({**raw, "num_classes": num_classes}, source)
+
+
+# --- the client side ------------------------------------------------------------------------
+
+_SETTINGS: dict[str, FlowerAppConfig] = {}
+
+
+def _settings(text: str) -> FlowerAppConfig:
+    """The server's settings, parsed once per process."""
+    if text not in _SETTINGS:
+        plugins.load()
+        _SETTINGS[text] = parse_flower_app(json.loads(text), "config from the ServerApp")
+    return _SETTINGS[text]
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    try:
+        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise RuntimeError("the diagnostics need each SuperNode's partition-id and num-partitions; start it with "
+                           "--node-config 'partition-id=I num-partitions=N'") from err
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What the handlers ``attach_diagnostics`` registers need of the user's app."""
+
+    model_builder: NodeModelBuilder
+    train_data: TrainData
+
+    def data(self, context: Context, device: torch.device) -> LabelledSet:
+        x, y = self.train_data(context)
+        return x.to(device), y.to(device)
+
+    def model(self, context: Context, arrays: ArrayRecord, device: torch.device) -> FedMechModel:
+        return _holding(self.model_builder(context), from_record(arrays), device)
+
+
+def attach_diagnostics(app: ClientApp, model_builder: NodeModelBuilder, train_data: TrainData) -> ClientApp:
+    """Give your ClientApp the client side of ``WithDiagnostics``; returns ``app``.
+
+    ``model_builder(context)`` returns a fresh ``FedMechModel`` (the server's architecture),
+    ``train_data(context)`` the node's training images and labels.
+
+    Registers ``query.identify`` (this node's partition-id and label histogram) and
+    ``query.diagnose`` (``client_side_global`` on the new aggregate), and wraps the train
+    functions already registered (call it after ``@app.train()``) so that their replies
+    carry this node's partition-id and the due diagnostics' ``client_side`` results on the
+    model received and the model trained. A train message from a server without
+    ``WithDiagnostics`` is answered by your function alone.
+    """
+    funcs = app._registered_funcs  # Flower has no public way to wrap a registered function
+    trains = [name for name in funcs if name.startswith(f"{MessageType.TRAIN}.")]
+    if not trains:
+        raise RuntimeError("attach_diagnostics(app, ...) found no train function on app: call it after your "
+                           "@app.train() function is defined")
+    node = _Node(model_builder, train_data)
+    for name in trains:
+        funcs[name] = partial(_train_then_diagnose, funcs[name], node)
+    app.query(IDENTIFY_ACTION)(partial(_identify, node))
+    app.query(DIAGNOSE_ACTION)(partial(_diagnose, node))
+    return app
+
+
+def _identify(node: _Node, msg: Message, context: Context) -> Message:
+    cfg = _settings(str(msg.content["config"][CONFIG_KEY]))
+    pid, total = _partition(context)
+    _, y = node.train_data(context)
+    hist = torch.bincount(y.cpu(), minlength=cfg.num_classes).tolist()
+    info = MetricRecord({"partition-id": pid, "num-partitions": total, "num-samples": len(y), "label-histogram": hist})
+    return Message(RecordDict({"node": info}), reply_to=msg)
+
+
+def _train_then_diagnose(train: Callable[[Message, Context], Message], node: _Node, msg: Message,
+                         context: Context) -> Message:
+    reply = train(msg, context)
+    config = next((c for c in msg.content.config_records.values() if CONFIG_KEY in c), None)
+    if reply.has_error() or config is None:
+        return reply
+    cfg = _settings(str(config[CONFIG_KEY]))
+    device = resolve_device(cfg.device)
+    pid, _ = _partition(context)
+    (sent,), (trained,) = msg.content.array_records.values(), reply.content.array_records.values()
+    x, y = node.data(context, device)
+    ctx = ClientContext(int(config["server-round"]), pid, node.model(context, sent, device),
+                        node.model(context, trained, device), x, y, cfg.num_classes, device, cfg.seed)
+    reply.content[REPORT_KEY] = ConfigRecord({"partition-id": pid, "details": "{}",
+                                              **encode_results(local_results(cfg.diagnostics, ctx))})
+    return reply
+
+
+def _diagnose(node: _Node, msg: Message, context: Context) -> Message:
+    config = msg.content["config"]
+    cfg = _settings(str(config[CONFIG_KEY]))
+    device = resolve_device(cfg.device)
+    pid, _ = _partition(context)
+    x, y = node.data(context, device)
+    model = node.model(context, msg.content["arrays"], device)
+    ctx = GlobalContext(int(config["server-round"]), pid, model, x, y, cfg.num_classes, device, cfg.seed)
+    report = ConfigRecord({"partition-id": pid, **encode_results(global_results(cfg.diagnostics, ctx))})
+    return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
