@@ -285,8 +285,9 @@ def test_a_node_without_a_partition_is_refused_before_the_first_round(tmp_path):
 
 
 def test_the_example_is_its_own_flower_app():
-    """Its pyproject names its own components and a local simulation federation."""
+    """Its pyproject names its own components, and no federation: Flower 1.42 keeps those in
+    $FLWR_HOME/config.toml and rewrites a pyproject that has one."""
     text = (EXAMPLE / "pyproject.toml").read_text()
     assert 'serverapp = "flower_fedavgm.server_app:app"' in text and 'clientapp = "flower_fedavgm.client_app:app"' in text
-    assert "[tool.flwr.federations.local-simulation]" in text
+    assert "tool.flwr.federations" not in text
     assert "FedAvgM(" in (EXAMPLE / "flower_fedavgm" / "server_app.py").read_text()
