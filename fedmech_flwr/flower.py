@@ -20,8 +20,9 @@ its layout:
 What your app must do:
 
 - ``model_builder()`` returns a fresh ``fedmech_flwr.models.FedMechModel`` (the same
-  architecture on the server and every client): diagnostics read features, the head and
-  the gated layers through that contract, never through the model's class;
+  architecture on the server and every client; an ordinary module through
+  ``fedmech_flwr.models.wrap_module``): diagnostics read features, the head and the gated
+  layers through that contract, never through the model's class;
 - every SuperNode's node-config holds ``partition-id`` and ``num-partitions`` (simulation
   sets them; ``flower-supernode --node-config`` on real devices), ``num-partitions`` equal
   to ``federation.num_clients``;
