@@ -104,13 +104,18 @@ def _chosen(cfg: ExperimentConfig) -> list[tuple[str, Any, str]]:
 def audit_indices(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -> np.ndarray:
     """Training-set indices of the server's audit set: ``data.audit_per_class`` samples of
     every class, seeded, sorted (empty without an audit set)."""
-    per_class = cfg.data.audit_per_class
-    labels = bundle.y_train.numpy()
+    return balanced_indices(bundle.y_train.numpy(), bundle.num_classes, cfg.data.audit_per_class, cfg.seed)
+
+
+def balanced_indices(labels: np.ndarray, num_classes: int, per_class: int, seed: int) -> np.ndarray:
+    """``per_class`` indices of every class of ``labels``, drawn from the run seed's
+    audit-set stream and sorted: the audit set ``audit_indices`` holds out, for a user's
+    own Flower app too (``examples/flower-fedavgm``)."""
     if per_class == 0:
         return np.zeros(0, dtype=np.int64)
-    rng = numpy_rng(cfg.seed, "audit-set")
+    rng = numpy_rng(seed, "audit-set")
     picks = []
-    for c in range(bundle.num_classes):
+    for c in range(num_classes):
         pool = np.flatnonzero(labels == c)
         if len(pool) <= per_class:
             raise ConfigError(

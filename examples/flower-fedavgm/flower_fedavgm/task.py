@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from fedmech_flwr.data import FashionMNISTConfig, SyntheticConfig, load_dataset
+from fedmech_flwr.experiment import balanced_indices
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
 from fedmech_flwr.partition import DirichletConfig, partition_dataset
-from fedmech_flwr.seeds import numpy_rng, seed_for
+from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.training import seed_everything
 
 DATASETS = {
@@ -61,9 +62,7 @@ def load_federation(dataset: str, num_partitions: int, alpha: float, audit_per_c
     name, params, _ = DATASETS[dataset]
     data = load_dataset(name, params)
     labels = data.y_train.numpy()
-    rng = numpy_rng(seed, "audit-set")
-    audit = np.sort(np.concatenate([rng.choice(np.flatnonzero(labels == c), size=audit_per_class, replace=False)
-                                    for c in range(data.num_classes)])).astype(np.int64)
+    audit = balanced_indices(labels, data.num_classes, audit_per_class, seed)
     rest = np.setdiff1d(np.arange(len(labels)), audit)
     parts = partition_dataset("dirichlet", DirichletConfig(alpha=alpha), labels[rest], num_partitions, seed)
     return Federation(data.x_train, data.y_train, [rest[p] for p in parts], audit, data.x_test, data.y_test,
