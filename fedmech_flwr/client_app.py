@@ -106,15 +106,18 @@ def node_experiment(config: ConfigRecord, context: Context) -> ExperimentConfig:
         raise ConfigError(f"node '{node_key(context)}': {err}") from None
 
 
-def _partition(context: Context) -> tuple[int, int]:
+SHARD_OR_OWN_DATA = ("this SuperNode has neither partition-id/num-partitions nor data-path; start it with "
+                     "--node-config 'partition-id=I num-partitions=N' (a shard of the experiment's dataset) "
+                     "or --node-config 'data-path=PATH' (its own data)")
+
+
+def node_partition(context: Context, missing: str = SHARD_OR_OWN_DATA) -> tuple[int, int]:
+    """The node's ``(partition-id, num-partitions)``; a RuntimeError saying ``missing``
+    (how to start the node) when its node-config lacks them."""
     try:
         return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     except KeyError as err:
-        raise RuntimeError(
-            "this SuperNode has neither partition-id/num-partitions nor data-path; start it with "
-            "--node-config 'partition-id=I num-partitions=N' (a shard of the experiment's dataset) "
-            "or --node-config 'data-path=PATH' (its own data)"
-        ) from err
+        raise RuntimeError(missing) from err
 
 
 def node_key(context: Context) -> str:
@@ -190,7 +193,7 @@ def _setup(msg: Message, context: Context):
         val = (own.x_val.to(device), own.y_val.to(device)) if own.x_val is not None else (None, None)
         data = ClientData(own.x.to(device), own.y.to(device), own.num_classes, *val)
         return cfg, server_round, _client_id(config, context), device, data, new_model(cfg, spec, device)
-    pid, total = _partition(context)
+    pid, total = node_partition(context)
     if total != cfg.federation.num_clients:
         raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
     bundle = load_data(cfg)
@@ -230,7 +233,7 @@ def identify(msg: Message, context: Context) -> Message:
     if own := own_data(context, str(msg.content["config"][DATA_SPEC_KEY])):
         info = MetricRecord({"num-samples": len(own.y), "label-histogram": own.label_histogram})
         return Message(RecordDict({"node": info, "name": ConfigRecord({"node-key": node_key(context)})}), reply_to=msg)
-    pid, total = _partition(context)
+    pid, total = node_partition(context)
     return Message(RecordDict({"node": MetricRecord({"partition-id": pid, "num-partitions": total})}), reply_to=msg)
 
 

@@ -51,7 +51,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays
-from fedmech_flwr.client_app import global_results, local_results
+from fedmech_flwr.client_app import global_results, local_results, node_partition
 from fedmech_flwr.config import FlowerAppConfig, parse_flower_app, plugin_registries, read_yaml
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -268,12 +268,8 @@ def _settings(text: str) -> FlowerAppConfig:
     return _SETTINGS[text]
 
 
-def _partition(context: Context) -> tuple[int, int]:
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as err:
-        raise RuntimeError("the diagnostics need each SuperNode's partition-id and num-partitions; start it with "
-                           "--node-config 'partition-id=I num-partitions=N'") from err
+_PARTITION_NEEDED = ("the diagnostics need each SuperNode's partition-id and num-partitions; start it with "
+                     "--node-config 'partition-id=I num-partitions=N'")
 
 
 @dataclass(frozen=True)
@@ -319,7 +315,7 @@ def attach_diagnostics(app: ClientApp, model_builder: NodeModelBuilder, train_da
 
 def _identify(node: _Node, msg: Message, context: Context) -> Message:
     cfg = _settings(str(msg.content["config"][CONFIG_KEY]))
-    pid, total = _partition(context)
+    pid, total = node_partition(context, _PARTITION_NEEDED)
     _, y = node.train_data(context)
     hist = torch.bincount(y.cpu(), minlength=cfg.num_classes).tolist()
     info = MetricRecord({"partition-id": pid, "num-partitions": total, "num-samples": len(y), "label-histogram": hist})
@@ -334,7 +330,7 @@ def _train_then_diagnose(train: Callable[[Message, Context], Message], node: _No
         return reply
     cfg = _settings(str(config[CONFIG_KEY]))
     device = resolve_device(cfg.device)
-    pid, _ = _partition(context)
+    pid, _ = node_partition(context, _PARTITION_NEEDED)
     (sent,), (trained,) = msg.content.array_records.values(), reply.content.array_records.values()
     x, y = node.data(context, device)
     ctx = ClientContext(int(config["server-round"]), pid, node.model(context, sent, device),
@@ -348,7 +344,7 @@ def _diagnose(node: _Node, msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     cfg = _settings(str(config[CONFIG_KEY]))
     device = resolve_device(cfg.device)
-    pid, _ = _partition(context)
+    pid, _ = node_partition(context, _PARTITION_NEEDED)
     x, y = node.data(context, device)
     model = node.model(context, msg.content["arrays"], device)
     ctx = GlobalContext(int(config["server-round"]), pid, model, x, y, cfg.num_classes, device, cfg.seed)
