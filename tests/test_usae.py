@@ -134,6 +134,52 @@ def test_identical_models_give_a_symmetric_r2_matrix_and_shared_concepts(norm):
     assert torch.allclose(usae.decoder_norms(norm), torch.ones(1), atol=1e-5)
 
 
+def test_the_symmetric_schedule_keeps_two_copies_of_a_model_identical(trained_cnn):
+    """Two copies of one model's conv2 tokens (1,025: the last batch of an epoch is short,
+    so no two batches of a pass have one shape): the symmetric schedule ends with bitwise
+    equal sites and every concept shared; the paper's round robin trains each encoder on
+    its own batches, and the copies end apart."""
+    model, data = trained_cnn
+    x = collect_tokens([model], "conv2", data.x_train[:65])[0][:1025]
+    cfg = USAEConfig(dict_size=32, k=4, epochs=30, batch_size=128, min_steps=0, dead_after=50)
+    symmetric, _ = train_usae(InMemorySource([x, x.clone()]), dataclasses.replace(cfg, schedule="symmetric"))
+    a, b = symmetric.sites
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    counts = concept_activity(symmetric, [x, x]) * len(x)
+    assert calibrated_overlap(counts)[0].overlap == shared_unique(counts).overlap == 1.0
+    round_robin, _ = train_usae(InMemorySource([x, x.clone()]), cfg)
+    a, b = round_robin.sites
+    assert not torch.equal(a.encoder.weight, b.encoder.weight)
+
+
+class _RecordingSource(InMemorySource):
+    """Records the size of every batch drawn."""
+
+    def __init__(self, tokens):
+        super().__init__(tokens)
+        self.sizes: list[int] = []
+
+    def batches(self, batch_size, generator):
+        for batch in super().batches(batch_size, generator):
+            self.sizes.append(len(batch[0]))
+            yield batch
+
+
+def test_a_symmetric_epoch_takes_the_round_robin_steps_on_a_share_of_the_batch():
+    """1,000 tokens, batch 128, 3 models: a round-robin epoch is 8 steps of 128 tokens (one
+    model each); a symmetric one is 8 steps of 43 tokens that every model encodes, drawn
+    from passes one after another."""
+    g = torch.Generator().manual_seed(0)
+    tokens = [torch.randn(1000, 4, generator=g) for _ in range(3)]
+    cfg = USAEConfig(dict_size=16, k=2, epochs=3, batch_size=128, min_steps=0)
+    for schedule, step_tokens in (("round_robin", 128), ("symmetric", 43)):
+        source = _RecordingSource(tokens)
+        _, history = train_usae(source, dataclasses.replace(cfg, schedule=schedule))
+        assert history["steps"] == [8, 16, 24]
+        drawn = source.sizes[8:]  # after token_stats' pass
+        assert drawn[0] == step_tokens and len(drawn) >= 24
+
+
 def test_disjoint_planted_features_give_mostly_unique_concepts():
     g = torch.Generator().manual_seed(0)
     features_a, features_b = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)

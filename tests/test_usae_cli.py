@@ -18,6 +18,7 @@ from fedmech_flwr.cli import EXIT_BAD_INPUT, build_parser, main
 from fedmech_flwr.run_folder import read_records
 
 TINY = ["--set", "expansion=2", "--set", "k=4", "--set", "epochs=2"]
+NO_CONTROLS = ["--no-null-control", "--no-seed-control"]
 TINY_YAML = "{expansion: 2, k: 4, epochs: 2, batch_size: 256}"
 
 
@@ -45,6 +46,7 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     assert Path(printed[-1]) == out.resolve()
     assert "(fires once, the paper's rule)" in printed[0] and "(calibrated: unique needs >= " in printed[0]
     assert printed[1].startswith(f"null control, {smoke_run.name} against itself: cross R^2 ")
+    assert printed[2].startswith("seed control, the comparison with USAE seed 1: cross R^2 ")
     for name in ("usae.safetensors", "metrics.json", "config.json", "plots/usae_r2.png",
                  "plots/usae_activity.png", "plots/usae_stitching.png"):
         assert (out / name).is_file(), name
@@ -63,6 +65,10 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     assert metrics["fit"] is True and null["fit"] is True
     assert null["models"] == [f"{smoke_run.name} (copy 0)", f"{smoke_run.name} (copy 1)"]
     assert set(null["overlap"]) == {"fires_once", "thresholded", "calibrated"}
+    # the cpu preset's symmetric schedule: identical models get identical encoders
+    assert all(null["overlap"][key]["overlap"] == 1.0 for key in ("fires_once", "calibrated"))
+    again = metrics["seed_control"]
+    assert again["seed"] == 1 and set(again["overlap"]) == {"fires_once", "thresholded", "calibrated"}
     assert len(metrics["stitching"]) == 2 * 2 * 3  # (i -> j incl. i -> i) x {all, shared, unique}
     row = metrics["stitching"][0]
     assert 0.0 <= row["accuracy"] <= 1.0 and set(row) >= {"percent_of_own", "own_accuracy", "concepts_kept"}
@@ -76,7 +82,7 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
 
 def test_audit_split_and_test_split_are_recorded(smoke_run, usae_run, tmp_path):
     out = tmp_path / "audit"
-    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out), "--no-null-control",
+    assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out), *NO_CONTROLS,
                  *TINY]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     data = metrics["data"]
@@ -85,7 +91,7 @@ def test_audit_split_and_test_split_are_recorded(smoke_run, usae_run, tmp_path):
     assert f"NOT held out from {smoke_run.name}" in data["note"]
     out = tmp_path / "test"
     assert main(["usae", str(usae_run), str(smoke_run), "--layer", "conv1", "--out", str(out),
-                 "--split", "test", "--max-images", "30", "--no-null-control", *TINY]) == 0
+                 "--split", "test", "--max-images", "30", *NO_CONTROLS, *TINY]) == 0
     data = json.loads((out / "metrics.json").read_text())["data"]
     assert data == {"split": "test", "note": "the test set (the paper's choice)", "num_images": 30}
 
@@ -97,7 +103,7 @@ def test_two_identical_sources_give_a_symmetric_r2_matrix(smoke_run, tmp_path):
     config = smoke_run / "config.yaml"
     weights = smoke_run / "model_final.safetensors"
     assert main(["usae", str(smoke_run), f"{config}:{weights}", "--layer", "conv2", "--out", str(out),
-                 "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5", "--no-null-control"]) == 0
+                 "--set", "expansion=2", "--set", "k=4", "--set", "epochs=5", *NO_CONTROLS]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     r2 = np.array(metrics["r2"])
     assert metrics["fit"] is True and np.diag(r2).min() > 0.8 and metrics["train_history"]["steps"] >= 1000
@@ -111,7 +117,7 @@ def test_an_under_trained_usae_is_flagged_in_metrics_json(smoke_run, tmp_path, c
     out = tmp_path / "quick"
     with caplog.at_level(logging.WARNING):
         assert main(["usae", str(smoke_run), str(smoke_run), "--layer", "conv2", "--out", str(out), *TINY,
-                     "--set", "min_steps=0", "--no-null-control"]) == 0
+                     "--set", "min_steps=0", *NO_CONTROLS]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["fit"] is False and min(metrics["r2"][0][0], metrics["r2"][1][1]) < 0.5
     assert "USAE at conv2 is not fit: self-reconstruction R^2" in caplog.text

@@ -32,7 +32,7 @@ from diagnostics.usae.metrics import (
     shared_unique,
     stitch_all,
 )
-from diagnostics.usae.model import USAE, USAEConfig
+from diagnostics.usae.model import USAE, Schedule, USAEConfig
 from diagnostics.usae.train import train_usae
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import save_figure
@@ -41,11 +41,13 @@ from fedmech_flwr.models import FedMechModel
 
 @dataclass
 class CpuUSAEConfig(USAEConfig):
-    """``USAEConfig`` with CPU-sized defaults (the paper's: expansion 8, k 48, 100 epochs)."""
+    """``USAEConfig`` with CPU-sized defaults (the paper's: expansion 8, k 48, 100 epochs)
+    and the symmetric schedule, so that identical models share every concept."""
 
     expansion: int = field(default=4, metadata={"ge": 1})
     k: int = field(default=16, metadata={"ge": 1})
     epochs: int = field(default=10, metadata={"ge": 1})
+    schedule: Schedule = "symmetric"
 
 
 PRESETS: dict[str, type[USAEConfig]] = {"cpu": CpuUSAEConfig, "paper": USAEConfig}
@@ -191,16 +193,33 @@ def analyse(
     return usae, metrics
 
 
+def _overlap_value(overlap: dict[str, Any], rule: str) -> str:
+    v = overlap[rule]["overlap"]
+    return "n/a" if v is None else f"{v:.3f}"
+
+
 def overlap_summary(overlap: dict[str, Any]) -> str:
-    """The shared / alive fraction under each rule, rounded, for console lines and plots."""
+    """The shared / alive fraction under each rule, rounded, for console lines."""
+    return (f"shared/alive {_overlap_value(overlap, 'fires_once')} (fires once, the paper's rule), "
+            f"{_overlap_value(overlap, 'thresholded')} (> {overlap['thresholded']['threshold']:g} of tokens), "
+            f"{_overlap_value(overlap, 'calibrated')} (calibrated: unique needs >= "
+            f"{overlap['calibrated']['min_count']} firings)")
 
-    def value(key: str) -> str:
-        v = overlap[key]["overlap"]
-        return "n/a" if v is None else f"{v:.3f}"
 
-    return (f"shared/alive {value('fires_once')} (fires once, the paper's rule), "
-            f"{value('thresholded')} (> {overlap['thresholded']['threshold']:g} of tokens), "
-            f"{value('calibrated')} (calibrated: unique needs >= {overlap['calibrated']['min_count']} firings)")
+def _overlap_lines(metrics: dict[str, Any]) -> list[str]:
+    """A plot's footer: the rules once, then the comparison's and each control's fractions."""
+    overlap = metrics["overlap"]
+    rows = [("comparison", overlap)]
+    if "null_control" in metrics:
+        rows.append((f"null control ({metrics['null_control']['models'][0]} vs itself)",
+                     metrics["null_control"]["overlap"]))
+    if "seed_control" in metrics:
+        rows.append((f"seed control (USAE seed {metrics['seed_control']['seed']})", metrics["seed_control"]["overlap"]))
+    header = (f"shared/alive: fires once (the paper's rule) / > {overlap['thresholded']['threshold']:g} of tokens / "
+              f"calibrated (unique needs >= {overlap['calibrated']['min_count']} firings)")
+    return [header] + [f"{label}: " + " / ".join(_overlap_value(o, rule) for rule in ("fires_once", "thresholded",
+                                                                                          "calibrated"))
+                       for label, o in rows]
 
 
 # --- plots ------------------------------------------------------------------------------
@@ -256,10 +275,7 @@ def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
            ylabel="concepts", title=f"Concept activity per model ({metrics['dict_size']} concepts, k={metrics['k']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    lines = [overlap_summary(metrics["overlap"])]
-    if "null_control" in metrics:
-        lines.append(f"null control ({metrics['null_control']['models'][0]} vs itself): "
-                     + overlap_summary(metrics["null_control"]["overlap"]))
+    lines = _overlap_lines(metrics)
     fig.supxlabel("\n".join(lines + ([key] if key else [])), fontsize=7)
     out.append(save_figure(fig, out_dir / "usae_activity.png"))
 

@@ -16,6 +16,7 @@ from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, mod
 from fedmech_flwr.errors import ConfigError
 
 DecoderNorm = Literal["per_model", "joint"]
+Schedule = Literal["round_robin", "symmetric"]
 
 _STD_FLOOR = 1e-3
 """Features whose std is below this fraction of their model's mean feature std are
@@ -27,8 +28,9 @@ class USAEConfig:
     """How a USAE is sized and trained.
 
     The defaults are the paper's settings: expansion 8, TopK 48, 100 epochs, batch 1024,
-    Adam at lr 1e-3, with each spatial position of a conv feature map as a token; ours,
-    ``min_steps``, only lengthens training on token sets far smaller than the paper's.
+    Adam at lr 1e-3, one source model per step in turn, with each spatial position of a
+    conv feature map as a token; ours, ``min_steps``, only lengthens training on token sets
+    far smaller than the paper's.
     """
 
     expansion: int = field(default=8, metadata={"ge": 1})
@@ -60,6 +62,13 @@ class USAEConfig:
     so a concept can never be silent in one model and firing-based counts lean towards
     "shared". "joint": each concept's rows of all models together have unit norm, so a
     concept can leave a model it does not describe (unique concepts can show up)."""
+    schedule: Schedule = "round_robin"
+    """Which models encode each step (``diagnostics.usae.train``). "round_robin" (the
+    paper's code): one model, in turn, on ``batch_size`` tokens; each encoder learns from
+    its own batches, and two copies of one model end with different encoders (2-6% of
+    their concepts then fire in one copy only). "symmetric": every model encodes the same
+    ceil(batch_size / M) tokens, at the same cost; identical models get identical
+    encoders."""
     dead_after: int = field(default=1000, metadata={"ge": 1})
     """A concept that has not fired for this many steps is dead."""
     seed: int = 0
@@ -119,12 +128,12 @@ class USAE(nn.Module):
         self.dict_size = dict_size
         self.k = k
         # One random draw for all models: models of equal width start from the same
-        # dictionary, so identical models start out interchangeable. Their encoders still
-        # drift apart (each is trained on its own round-robin steps), and some concepts
-        # fire in one copy only: two copies of a Fashion-MNIST SimpleCNN at conv3 (1,000
-        # images, cpu preset) share 94-97% of alive concepts at the paper's rule and
-        # 98.6-98.8% under the calibrated one, not 100%. ``fedmech usae`` measures this
-        # null control next to every comparison.
+        # dictionary, so identical models start out interchangeable. Trained with the
+        # "symmetric" schedule they stay identical (every concept shared); with the
+        # paper's "round_robin" their encoders drift apart, and two copies of a
+        # Fashion-MNIST SimpleCNN at conv3 (1,000 images) share 94-97% of alive concepts
+        # at the paper's rule and 98.6-98.8% under the calibrated one. ``fedmech usae``
+        # measures this null control next to every comparison.
         start = torch.randn(dict_size, max(widths), generator=generator)
         self.sites = nn.ModuleList(_Site(start[:, :width]) for width in widths)
 
