@@ -54,4 +54,6 @@ def test_circuits_agreement(capsys):
     load("circuits_agreement").main(["--channels", "4", "8", "--samples", "300", "--steps", "3",
                                      "--ablation-samples", "50"])
     out = capsys.readouterr().out
-    assert "circuits mean IoU new vs paper protocol" in out and "numbers inside" in out and "probe accuracy" in out
+    assert "circuits mean IoU default (early stop) vs paper, conv outputs" in out
+    assert "circuits mean IoU paper, block ends vs paper, conv outputs" in out
+    assert "numbers inside" in out and "probe accuracy" in out

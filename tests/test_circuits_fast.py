@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -115,3 +116,34 @@ def test_each_class_stops_on_its_own_so_vectorised_still_equals_class_by_class(t
         for layer in model.gated_layers():
             assert torch.equal(a.masks[c][layer], together.masks[c][layer]), (c, layer)
             assert torch.allclose(a.logits[c][layer], together.logits[c][layer], atol=1e-5), (c, layer)
+
+
+@pytest.mark.parametrize("kind", ["ste", "hard_concrete"])
+def test_gating_at_the_pooled_point_learns_what_gating_at_the_conv_output_learns(trained_cnn, kind):
+    """SimpleCNN's gates act after ReLU and max-pool in discovery: the same circuits and
+    gate logits as at the conv output (where a closed STE gate passes no gradient), and
+    the pooled point is really used (no hook on the conv)."""
+    model, data = trained_cnn
+    x, y = data.x_train, data.y_train
+    cfg = GateConfig(kind=kind, lam=0.05, lr=0.2, steps=60, batch_size=32, patience=None)
+    at_conv = copy.deepcopy(model)
+    at_conv.pooled_gate_module = lambda name: None  # the gate point itself
+    pooled = learn_circuits(model, x, y, [0, 1, 2, 3], cfg, torch.Generator().manual_seed(5))
+    plain = learn_circuits(at_conv, x, y, [0, 1, 2, 3], cfg, torch.Generator().manual_seed(5))
+    closed = 0
+    for c in range(4):
+        for layer in model.gated_layers():
+            assert torch.equal(pooled.masks[c][layer], plain.masks[c][layer]), (c, layer)
+            assert torch.allclose(pooled.logits[c][layer], plain.logits[c][layer], atol=1e-5), (c, layer)
+            closed += int((~plain.masks[c][layer]).sum())
+    assert closed > 0  # some gates closed, so the closed-gate gradient was exercised
+
+    seen = []
+    handles = [model.conv1.register_forward_hook(lambda m, i, out: seen.append("conv1")),
+               model.pooled["conv1"].register_forward_hook(lambda m, i, out: seen.append(out.shape[-1]))]
+    try:
+        learn_circuits(model, x, y, [0], dataclasses.replace(cfg, steps=1), torch.Generator())
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == ["conv1", x.shape[-1] // 2]  # one pass; the pooled block end is half the side

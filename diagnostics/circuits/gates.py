@@ -86,10 +86,14 @@ class GateConfig:
     hard gate for "ste" and a deterministic hard-concrete gate > 0.5."""
 
 
-def ste_gate(logits: Tensor) -> Tensor:
-    """1[logits > 0] in the forward pass, with the gradient of sigmoid(logits)."""
+def ste_gate(logits: Tensor, closed_gradient: bool = True) -> Tensor:
+    """1[logits > 0] in the forward pass, with the gradient of sigmoid(logits); with
+    ``closed_gradient`` False, none through a closed gate, as a gate before a ReLU has
+    (relu(0 * x) passes none), for gating after the ReLU instead (``pooled_gate_module``)."""
     soft = torch.sigmoid(logits)
     hard = (logits > 0).to(soft.dtype)
+    if not closed_gradient:
+        soft = soft * hard
     return hard + (soft - soft.detach())  # exactly `hard`: soft - soft is 0
 
 
@@ -125,9 +129,10 @@ def resolve_layers(model: FedMechModel, layers: Sequence[str] | None) -> list[st
     return [name for name in valid if name in layers]
 
 
-def gate_point(model: FedMechModel, name: str, position: Position) -> torch.nn.Module:
-    """The module whose output gate ``name`` edits at ``position``."""
-    return model.layer_module(name, before_norm=position == "before_norm")
+def gate_point(model: FedMechModel, name: str, position: Position, pooled: bool = False) -> torch.nn.Module:
+    """The module whose output gate ``name`` edits at ``position`` (with ``pooled``, the
+    model's ``pooled_gate_module`` where it has one)."""
+    return (pooled and model.pooled_gate_module(name)) or model.layer_module(name, before_norm=position == "before_norm")
 
 
 def channel_view(values: Tensor, output: Tensor) -> Tensor:
@@ -140,15 +145,17 @@ def patched(
     model: FedMechModel,
     edits: Mapping[str, Callable[[Tensor], Tensor]],
     position: Position = "after_norm",
+    pooled: bool = False,
 ) -> Iterator[None]:
-    """While open, gate point ``name``'s output is replaced by ``edits[name](output)``.
+    """While open, gate point ``name``'s output is replaced by ``edits[name](output)``
+    (``gate_point``'s ``pooled`` says where).
 
     The hooks are removed on exit, also when the block raises.
     """
     handles = []
     try:
         for name, edit in edits.items():
-            module = gate_point(model, name, position)
+            module = gate_point(model, name, position, pooled)
             handles.append(module.register_forward_hook(lambda _m, _i, out, edit=edit: edit(out)))
         yield
     finally:
@@ -157,12 +164,14 @@ def patched(
 
 
 def gated(
-    model: FedMechModel, gate_values: Mapping[str, Tensor], position: Position = "after_norm"
+    model: FedMechModel, gate_values: Mapping[str, Tensor], position: Position = "after_norm", pooled: bool = False
 ) -> AbstractContextManager[None]:
     """Context manager: multiply each gate point's output by its per-sample gate vector
-    ``gate_values[name]`` [B, C] (broadcast over the remaining dims)."""
+    ``gate_values[name]`` [B, C] (broadcast over the remaining dims); with ``pooled``, at
+    the model's ``pooled_gate_module`` where it has one (the values must be in [0, 1])."""
     return patched(
         model,
         {name: lambda out, g=g: out * channel_view(g, out) for name, g in gate_values.items()},
         position,
+        pooled,
     )

@@ -89,6 +89,13 @@ class FedMechModel(nn.Module):
         layer, gate_point = self._gates[name]
         return self.get_submodule(layer if before_norm else gate_point)
 
+    def pooled_gate_module(self, name: str) -> nn.Module | None:
+        """A module after gate ``name``'s point that its channels reach through ReLU and
+        pooling only, or None. Scaling a channel there by a gate in [0, 1] gives the same
+        output as scaling it at the gate point (either position: such a model has no norm
+        in between), on fewer elements: circuit discovery gates there."""
+        return None
+
     def channel_arrays(self, name: str) -> tuple[str, ...]:
         """state_dict names whose axis 0 is gate ``name``'s output channels: its layer's
         weight and bias and, where a norm layer is the gate point, that layer's parameters

@@ -21,7 +21,8 @@ class SimpleCNNConfig:
 class SimpleCNN(FedMechModel):
     """Per block: conv3x3 (padding 1) + ReLU + 2x2 max-pool; then flatten and a linear head.
 
-    Gates sit at the conv outputs (before ReLU); there is no normalisation.
+    Gates sit at the conv outputs (before ReLU); there is no normalisation. Each block ends
+    in an identity module (``pooled.<gate>``), where a gate acts as at the conv output.
     """
 
     def __init__(
@@ -42,11 +43,13 @@ class SimpleCNN(FedMechModel):
                 "model.channels",
             )
         self._gates = {}
+        self.pooled = nn.ModuleDict()
         previous = in_channels
         for i, width in enumerate(channels):
             name = f"conv{i + 1}"
             self.add_module(name, nn.Conv2d(previous, width, 3, padding=1))
             self._gates[name] = (name, name)
+            self.pooled[name] = nn.Identity()
             previous = width
         self.num_classes = num_classes
         self.feature_dim = channels[-1] * side * side
@@ -63,9 +66,13 @@ class SimpleCNN(FedMechModel):
             groups.append(ChannelGroup(name, getattr(self, name).out_channels, self.channel_arrays(name), (reader,), (name,)))
         return groups
 
+    def pooled_gate_module(self, name: str) -> nn.Module:
+        """The block's end: ReLU and max-pool commute with a per-channel gate g >= 0."""
+        return self.pooled[name]
+
     def forward_features(self, x: Tensor) -> Tensor:
         for name in self._gates:
-            x = F.max_pool2d(F.relu(getattr(self, name)(x)), 2)
+            x = self.pooled[name](F.max_pool2d(F.relu(getattr(self, name)(x)), 2))
         return x.flatten(1)
 
 
