@@ -132,7 +132,8 @@ def resolve_layers(model: FedMechModel, layers: Sequence[str] | None) -> list[st
 def gate_point(model: FedMechModel, name: str, position: Position, pooled: bool = False) -> torch.nn.Module:
     """The module whose output gate ``name`` edits at ``position`` (with ``pooled``, the
     model's ``pooled_gate_module`` where it has one)."""
-    return (pooled and model.pooled_gate_module(name)) or model.layer_module(name, before_norm=position == "before_norm")
+    module = model.pooled_gate_module(name) if pooled else None
+    return module if module is not None else model.layer_module(name, before_norm=position == "before_norm")
 
 
 def channel_view(values: Tensor, output: Tensor) -> Tensor:
