@@ -48,10 +48,11 @@ client's discovery took (``client_steps``).
 Cost (benchmarks/circuits_round.py, README "Benchmarks"): discovery stops each class once
 its mask is stable (``gates.patience``; null is the paper's fixed 300 steps); all
 ablations of a model run as one batched pass; discovery, ablations and features run on a
-channels-last copy of the model; on SimpleCNN discovery gates each channel at its block's end
-(after ReLU and max-pool), with the same circuits at a quarter of the elements. Changed defaults and random streams: ``gates.patience``
-30 and ``gates.min_steps`` 100 (was: none), so a class stops after ~140-180 steps with
-masks of mean IoU >= 0.95 with the full run's; a stopped class draws no more samples from its own generator (the others'
+channels-last copy of the model; on SimpleCNN discovery gates each channel at its block's
+end (after ReLU and max-pool), with the same circuits at a quarter of the elements.
+Changed defaults and random streams: ``gates.patience`` 30 and ``gates.min_steps`` 100
+(was: none), so a class stops after ~140-180 steps with masks of mean IoU >= 0.95 with
+the full run's; a stopped class draws no more samples from its own generator (the others'
 are untouched); random control circuits are drawn in the same order (variant, client,
 class) from the same per-round generator as before. Warm starts (``learn_circuits``'s
 ``start``) are not used: the global model's circuit started from the client's local one
