@@ -135,10 +135,10 @@ def test_identical_models_give_a_symmetric_r2_matrix_and_shared_concepts(norm):
 
 
 def test_the_symmetric_schedule_keeps_two_copies_of_a_model_identical(trained_cnn):
-    """Two copies of one model's conv2 tokens (1,025: the last batch of an epoch is short,
-    so no two batches of a pass have one shape): the symmetric schedule ends with bitwise
-    equal sites and every concept shared; the paper's round robin trains each encoder on
-    its own batches, and the copies end apart."""
+    """Two copies of one model's conv2 tokens (1,025, so every pass ends in a batch of one
+    token: the identity holds whatever the batch's shape): the symmetric schedule ends with
+    bitwise equal sites and every concept shared; the paper's round robin trains each
+    encoder on its own batches, and the copies end apart."""
     model, data = trained_cnn
     x = collect_tokens([model], "conv2", data.x_train[:65])[0][:1025]
     cfg = USAEConfig(dict_size=32, k=4, epochs=30, batch_size=128, min_steps=0, dead_after=50)
