@@ -217,9 +217,8 @@ def _overlap_lines(metrics: dict[str, Any]) -> list[str]:
         rows.append((f"seed control (USAE seed {metrics['seed_control']['seed']})", metrics["seed_control"]["overlap"]))
     header = (f"shared/alive: fires once (the paper's rule) / > {overlap['thresholded']['threshold']:g} of tokens / "
               f"calibrated (unique needs >= {overlap['calibrated']['min_count']} firings)")
-    return [header] + [f"{label}: " + " / ".join(_overlap_value(o, rule) for rule in ("fires_once", "thresholded",
-                                                                                          "calibrated"))
-                       for label, o in rows]
+    rules = ("fires_once", "thresholded", "calibrated")
+    return [header] + [f"{label}: " + " / ".join(_overlap_value(o, rule) for rule in rules) for label, o in rows]
 
 
 # --- plots ------------------------------------------------------------------------------
