@@ -2,8 +2,8 @@
 
 The default (``benchmarks/circuits_round.yaml``) is the paper's setting: CIFAR-10 over 10
 clients (Dirichlet 0.5), SimpleCNN [64, 128, 256] at 99.9% sparsity, 5 local epochs over
-full shards, the paper's gates (STE, init 2.0, Adam 0.1, lambda 0.01, 300 steps), 1,000
-ablation images. It runs in-process (no Ray, clients one after the other on the same
+full shards, the paper's gates (STE, init 2.0, Adam 0.1, lambda 0.01, 300 steps), the
+diagnostic's 500 ablation images. It runs in-process (no Ray, clients one after the other on the same
 threads, so the costs compare) and reads the times from the run folder: local training
 is the clients' ``train_seconds``; the circuit diagnostics are the client-side discovery
 of local and global circuits and the server side (IoUs, prediction checks, ablations).
@@ -11,8 +11,9 @@ The last column is diagnostics / training.
 
     python benchmarks/circuits_round.py [EXPERIMENT] [--rounds 1] [--set key=value ...]
 
-On 2 CPU cores a full round takes hours; ``--set federation.clients_per_round=1`` keeps
-one client's round (the ratio is per client, but for the server's share).
+On 2 CPU cores a full round takes about 12 minutes, most of it the clients' training;
+``--set federation.clients_per_round=1`` keeps one client's round (the ratio is per
+client, but for the server's share).
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def test_throughput_engine_against_the_bare_loop(capsys):
 @pytest.mark.integration
 def test_circuits_agreement(capsys):
     load("circuits_agreement").main(["--channels", "4", "8", "--samples", "300", "--steps", "3",
-                                     "--ablation-samples", "50"])
+                                     "--sparsity", "0.9", "--ablation-samples", "50"])
     out = capsys.readouterr().out
     assert "circuits mean IoU default (early stop) vs paper, conv outputs" in out
-    assert "circuits mean IoU paper, block ends vs paper, conv outputs" in out
+    assert "circuits mean IoU paper, fast path vs paper, conv outputs" in out
+    assert "grouped forward: yes" in out  # pruned: the fast path
     assert "numbers inside" in out and "probe accuracy" in out

@@ -10,8 +10,9 @@ import torch
 
 from diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
 from diagnostics.circuits.discovery import learn_circuits, mask_logits
-from diagnostics.circuits.gates import GateConfig
+from diagnostics.circuits.gates import GateConfig, channel_view, gated, patched, ste_gate
 from fedmech_flwr.models import build_model
+from fedmech_flwr.models.simple_cnn import GroupedForward
 from test_circuits import OneConv, channels, no_hooks, one_hot_data, state_hash
 
 
@@ -38,11 +39,63 @@ def assert_close(a, b, where=""):
         assert abs(a - b) <= 1e-6, where
 
 
-@pytest.mark.parametrize(("name", "position"), [("simple_cnn", "after_norm"), ("resnet10", "after_norm"),
-                                                ("resnet10", "before_norm")])
+def pruned(model, fraction: float, seed: int = 0):
+    """A copy of ``model`` with ``fraction`` of each conv's 3x3 kernels set to 0 (seeded):
+    channels that read no input-dependent channel become static, as after the paper's
+    pruning (at 99.9%, most kernels are empty)."""
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in model.gated_layers():
+            weight = getattr(model, name).weight
+            weight[torch.rand(weight.shape[:2], generator=g) < fraction] = 0.0
+    return model
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.85, 1.0])
+def test_grouped_forward_equals_the_model_with_hooked_edits(fraction):
+    """SimpleCNN's grouped forward: the logits and gate gradients of the model with the same
+    per-sample edits hooked in, with none, some and all channels static."""
+    torch.manual_seed(0)
+    model = pruned(build_model("simple_cnn", {"channels": [6, 8, 8]}, in_channels=2, num_classes=3, image_size=16),
+                   fraction).eval()
+    grouped = GroupedForward(model)
+    live, sizes = list(grouped.live_channels.values()), model.gated_layers()
+    assert (live == list(sizes.values())) if fraction == 0 else (sum(live) < sum(sizes.values()))
+    assert (model.grouped_forward() is None) == (fraction == 0)  # nothing static: the hooked model is faster
+    if fraction == 0.85:
+        assert live[-1] > 0  # some channels live to the end, some static
+    x, group = torch.randn(12, 2, 16, 16), torch.arange(3).repeat_interleave(4)  # group-major
+    logits = {name: torch.randn(3, k) for name, k in sizes.items()}
+    for g in logits.values():
+        g[:, 0] = -1.0  # closed in every group: computed once per group
+        g.requires_grad_(True)
+    gates = {name: ste_gate(g, closed_gradient=False) for name, g in logits.items()}
+    with gated(model, {name: v[group] for name, v in gates.items()}, pooled=True):
+        hooked = model(x)
+    fast = grouped(x, 3, at_end=gates)
+    assert torch.allclose(fast, hooked, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fast.sum(), list(logits.values()), retain_graph=True),
+                    torch.autograd.grad(hooked.sum(), list(logits.values())), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    scale = {name: (torch.rand(3, k) < 0.6).float() for name, k in sizes.items()}
+    for v in scale.values():
+        v[:, 0] = 0.0  # replaced in every group
+    shift = {name: torch.randn(3, k) * (1 - scale[name]) for name, k in sizes.items()}
+    edits = {name: lambda out, a=scale[name][group], b=shift[name][group]: out * channel_view(a, out)
+             + channel_view(b, out) for name in sizes}
+    with torch.no_grad(), patched(model, edits):
+        hooked = model(x)
+    fast = grouped(x, 3, at_conv={name: (scale[name], shift[name]) for name in sizes})
+    assert torch.allclose(fast, hooked, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "position"), [("simple_cnn", "after_norm"), ("simple_cnn pruned", "after_norm"),
+                                                ("resnet10", "after_norm"), ("resnet10", "before_norm")])
 def test_batched_ablation_equals_one_pass_per_combination(name, position, trained_cnn):
-    if name == "simple_cnn":
+    if name.startswith("simple_cnn"):
         model, data = trained_cnn
+        model = pruned(model, 0.7) if name.endswith("pruned") else model
         x, y = data.x_test, data.y_test
     else:
         torch.manual_seed(0)
@@ -118,16 +171,20 @@ def test_each_class_stops_on_its_own_so_vectorised_still_equals_class_by_class(t
             assert torch.allclose(a.logits[c][layer], together.logits[c][layer], atol=1e-5), (c, layer)
 
 
-@pytest.mark.parametrize("kind", ["ste", "hard_concrete"])
-def test_gating_at_the_pooled_point_learns_what_gating_at_the_conv_output_learns(trained_cnn, kind):
-    """SimpleCNN's gates act after ReLU and max-pool in discovery: the same circuits and
-    gate logits as at the conv output (where a closed STE gate passes no gradient), and
-    the pooled point is really used (no hook on the conv)."""
+@pytest.mark.parametrize(("kind", "fraction"), [("ste", 0.0), ("hard_concrete", 0.0), ("ste", 0.5)])
+def test_gating_at_the_pooled_point_learns_what_gating_at_the_conv_output_learns(trained_cnn, kind, fraction):
+    """SimpleCNN's gates act after ReLU and max-pool in discovery, with STE on a pruned model
+    in its grouped forward: the same circuits and gate logits as hooked at the conv output
+    (where a closed STE gate passes no gradient), and the fast path is really used."""
     model, data = trained_cnn
+    model = pruned(model, fraction)
+    grouped = model.grouped_forward() is not None and kind == "ste"
+    assert grouped == (fraction > 0)
     x, y = data.x_train, data.y_train
     cfg = GateConfig(kind=kind, lam=0.05, lr=0.2, steps=60, batch_size=32, patience=None)
     at_conv = copy.deepcopy(model)
-    at_conv.pooled_gate_module = lambda name: None  # the gate point itself
+    at_conv.pooled_gate_module = lambda name: None  # the gate point itself,
+    at_conv.grouped_forward = lambda: None  # through hooks
     pooled = learn_circuits(model, x, y, [0, 1, 2, 3], cfg, torch.Generator().manual_seed(5))
     plain = learn_circuits(at_conv, x, y, [0, 1, 2, 3], cfg, torch.Generator().manual_seed(5))
     closed = 0
@@ -146,4 +203,5 @@ def test_gating_at_the_pooled_point_learns_what_gating_at_the_conv_output_learns
     finally:
         for handle in handles:
             handle.remove()
-    assert seen == ["conv1", x.shape[-1] // 2]  # one pass; the pooled block end is half the side
+    # the grouped forward calls no module; hooks gate at the pooled block end (half the side)
+    assert seen == ([] if grouped else ["conv1", x.shape[-1] // 2])

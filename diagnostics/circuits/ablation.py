@@ -195,14 +195,16 @@ def predict_groups(
 ) -> tuple[Tensor, Tensor]:
     """The unablated predictions [N] and those under each group's edits [G, N] (CPU).
 
-    A group maps gated layers to (channels kept [C] bool, fill of the others [C]). Per image
-    batch, the first edited gate point's output is computed once (in the unablated pass)
-    and replayed for every group: only the layers after it run again. Groups run
-    ``batch_size // images`` at a time, each sample edited by its own group's channels.
+    A group maps gated layers to (channels kept [C] bool, fill of the others [C]). Groups
+    run ``batch_size // images`` at a time, each sample edited by its own group's channels:
+    through the model's ``grouped_forward`` where it has one; else, per image batch, the
+    first edited gate point's output is computed once (in the unablated pass) and replayed
+    for every group, so that only the layers after it run again.
     """
     device = next(model.parameters()).device
     sizes = model.gated_layers()
     model = channels_last_copy(model)
+    grouped = model.grouped_forward()
     names = [name for name in sizes if any(name in g for g in groups)]
     keep = {name: torch.stack([g[name][0] if name in g else torch.ones(sizes[name], dtype=torch.bool)
                                for g in groups]).to(device) for name in names}
@@ -220,15 +222,21 @@ def predict_groups(
                 first.append(out.clone())  # a later in-place op must not change the replayed copy
                 return out
 
-            with patched(model, {names[0]: keep_first} if names else {}, position):
+            with patched(model, {names[0]: keep_first} if names and grouped is None else {}, position):
                 base.append(model(xb).argmax(dim=1).cpu())
             rows = []
             for lo in range(0, len(groups), per_pass):
                 k = min(per_pass, len(groups) - lo)
-                edits = {name: _group_replacer(keep[name][lo : lo + k], value[name][lo : lo + k]) for name in names}
-                with _replayed(gate_point(model, names[0], position), _stacked(first[0], k)), \
-                        patched(model, edits, position):
-                    rows.append(model(_stacked(xb, k)).argmax(dim=1).view(k, -1).cpu())
+                kept = {name: keep[name][lo : lo + k] for name in names}
+                if grouped is not None:
+                    edits = {name: (kept[name].float(), value[name][lo : lo + k] * ~kept[name]) for name in names}
+                    logits = grouped(_stacked(xb, k), k, at_conv=edits)
+                else:
+                    edits = {name: _group_replacer(kept[name], value[name][lo : lo + k]) for name in names}
+                    with _replayed(gate_point(model, names[0], position), _stacked(first[0], k)), \
+                            patched(model, edits, position):
+                        logits = model(_stacked(xb, k))
+                rows.append(logits.argmax(dim=1).view(k, -1).cpu())
             preds.append(torch.cat(rows) if rows else torch.zeros(0, len(xb), dtype=torch.long))
     baseline = torch.cat(base) if base else torch.zeros(0, dtype=torch.long)
     if not names:

@@ -49,7 +49,9 @@ Cost (benchmarks/circuits_round.py, README "Benchmarks"): discovery stops each c
 its mask is stable (``gates.patience``; null is the paper's fixed 300 steps); all
 ablations of a model run as one batched pass; discovery, ablations and features run on a
 channels-last copy of the model; on SimpleCNN discovery gates each channel at its block's
-end (after ReLU and max-pool), with the same circuits at a quarter of the elements.
+end (after ReLU and max-pool), with the same circuits at a quarter of the elements; on a
+pruned SimpleCNN, STE discovery and the ablations run through its grouped forward, which
+computes the channels that do not depend on the input once per class or ablation group.
 Changed defaults and random streams: ``gates.patience`` 30 and ``gates.min_steps`` 100
 (was: none), so a class stops after ~140-180 steps with masks of mean IoU >= 0.95 with
 the full run's; a stopped class draws no more samples from its own generator (the others'

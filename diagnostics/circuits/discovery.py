@@ -19,7 +19,11 @@ Speed: each class leaves the batch when it stops early; the passes run on a chan
 copy of the model (about 1.2x faster on CPUs; the model itself is never touched); where the
 model has a ``pooled_gate_module`` (SimpleCNN: after ReLU and max-pool), the gates act
 there, on a quarter of the elements, with the same output and gradients (a closed STE gate
-passes none, as before a ReLU): 1.48x faster on CIFAR-10 (benchmarks/circuits_agreement.py).
+passes none, as before a ReLU): 1.48x faster on an unpruned CIFAR-10 model
+(``benchmarks/circuits_agreement.py --sparsity 0``).
+STE gates on a pruned SimpleCNN run through its ``grouped_forward``: the channels that do
+not depend on the input (most of them at 99.9% sparsity), or that every class has closed,
+are computed once per class instead of once per sample.
 ``learn_circuits(start=...)`` warm-starts from earlier gate logits; the diagnostic does
 not use it (see ``diagnostics.circuits.diagnostic``: a warm start keeps the start's mask).
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -174,6 +178,7 @@ def _learn_gates(
     device = next(model.parameters()).device
     sizes = model.gated_layers()
     model = channels_last_copy(model)
+    grouped = model.grouped_forward() if cfg.kind == "ste" else None  # hard-concrete noise is per sample
     base_seed = int(torch.randint(2**62, (1,), generator=generator))
     class_generators = [
         torch.Generator().manual_seed(int(np.random.SeedSequence([base_seed, c]).generate_state(1)[0]))
@@ -194,8 +199,8 @@ def _learn_gates(
         while active and step < cfg.steps:
             optimizer.zero_grad(set_to_none=True)
             loss = sum(
-                _chunk_loss(model, x, pools, classes, class_generators, logits, active[lo : lo + per_chunk], per_class,
-                            cfg, device)
+                _chunk_loss(model, grouped, x, pools, classes, class_generators, logits, active[lo : lo + per_chunk],
+                            per_class, cfg, device)
                 for lo in range(0, len(active), per_chunk)
             )
             optimizer.step()
@@ -228,6 +233,7 @@ def _hard(logits: Mapping[str, Tensor], cfg: GateConfig) -> dict[str, Tensor]:
 
 def _chunk_loss(
     model: FedMechModel,
+    grouped: Callable[..., Tensor] | None,
     x: Tensor,
     pools: list[Tensor],
     classes: list[int],
@@ -239,7 +245,8 @@ def _chunk_loss(
     device: torch.device,
 ) -> float:
     """Back-propagate the loss of the gate rows in ``chunk`` (``n`` samples per class, drawn
-    from its own generator); returns the loss."""
+    from its own generator) through the model's ``grouped`` forward if given, else through
+    gate hooks; returns the loss."""
     picks, noise = [], {name: [] for name in logits}
     for row in chunk:
         picks.append(_draw(pools[row], n, class_generators[row]))
@@ -250,15 +257,18 @@ def _chunk_loss(
     rows = torch.arange(len(chunk), device=device).repeat_interleave(n)
     targets = torch.tensor([classes[row] for row in chunk], device=device).repeat_interleave(n)
     own = {name: g[chunk] for name, g in logits.items()}
-    if cfg.kind == "ste":
-        values = {name: ste_gate(g, model.pooled_gate_module(name) is None)[rows] for name, g in own.items()}
+    if grouped is not None:
+        out = grouped(xb, len(chunk), at_end={name: ste_gate(g, closed_gradient=False) for name, g in own.items()})
     else:
-        values = {
-            name: hard_concrete_sample(g[rows], torch.cat(noise[name]).to(device), cfg)
-            for name, g in own.items()
-        }
-    with gated(model, values, cfg.position, pooled=True):
-        out = model(xb)
+        if cfg.kind == "ste":
+            values = {name: ste_gate(g, model.pooled_gate_module(name) is None)[rows] for name, g in own.items()}
+        else:
+            values = {
+                name: hard_concrete_sample(g[rows], torch.cat(noise[name]).to(device), cfg)
+                for name, g in own.items()
+            }
+        with gated(model, values, cfg.position, pooled=True):
+            out = model(xb)
     ce = F.cross_entropy(out, targets, reduction="none").view(len(chunk), n).mean(dim=1)
     penalty = sum(l0_penalty(g, cfg) for g in own.values())
     loss = (ce + cfg.lam * penalty).sum()

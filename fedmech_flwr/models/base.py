@@ -96,6 +96,19 @@ class FedMechModel(nn.Module):
         in between), on fewer elements: circuit discovery gates there."""
         return None
 
+    def grouped_forward(self) -> Callable[..., Tensor] | None:
+        """A faster forward for passes that edit channels per group of samples, or None.
+
+        Called as ``forward(x, groups, at_conv=None, at_end=None)``: ``x`` holds ``groups``
+        groups of equally many samples, one group after the other. ``at_conv[name] = (scale,
+        shift)`` [groups, C] replaces gate ``name``'s output (either position) by ``output *
+        scale + shift``; ``at_end[name] = scale`` [groups, C] scales it at
+        ``pooled_gate_module(name)``. It returns the logits the model gives with those edits
+        hooked in (to float rounding), for the weights the model had when it was built.
+        Circuit discovery (STE gates) and the ablations use it where the model has one
+        (SimpleCNN)."""
+        return None
+
     def channel_arrays(self, name: str) -> tuple[str, ...]:
         """state_dict names whose axis 0 is gate ``name``'s output channels: its layer's
         weight and bias and, where a norm layer is the gate point, that layer's parameters

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -70,10 +72,107 @@ class SimpleCNN(FedMechModel):
         """The block's end: ReLU and max-pool commute with a per-channel gate g >= 0."""
         return self.pooled[name]
 
+    def grouped_forward(self) -> GroupedForward | None:
+        """``GroupedForward`` where pruning left static channels (else it only adds work)."""
+        grouped = GroupedForward(self)
+        return grouped if grouped.live_channels != self.gated_layers() else None
+
     def forward_features(self, x: Tensor) -> Tensor:
         for name in self._gates:
             x = self.pooled[name](F.max_pool2d(F.relu(getattr(self, name)(x)), 2))
         return x.flatten(1)
+
+
+class GroupedForward:
+    """SimpleCNN's forward with per-group channel edits (``FedMechModel.grouped_forward``),
+    computing once per group what does not depend on the input.
+
+    A channel whose filter reads no input-dependent channel (after 99.9% pruning, most
+    channels: conv1 keeps a handful of weights) outputs the same map for every image; with
+    per-group edits, the same map for every sample of a group. So does a channel that every
+    group replaces (``at_conv`` scale 0) or closes (``at_end`` scale 0): a sufficiency
+    ablation keeps only its circuit, and a discovery step only the channels some class
+    still has open. Those "static" channels run on ``groups`` maps, the "live" ones on
+    every sample; live channels add their filters' reading of static channels from their
+    group's maps. Where a scale is 0 in every group, the gradient with respect to it is not
+    the hooked model's; discovery's STE gates pass none through a closed gate anyway
+    (``ste_gate(closed_gradient=False)``). On the paper's setting, a round's discovery
+    takes about 8x and its ablations 4x less time than hooked (README, "What the
+    diagnostics cost").
+    """
+
+    def __init__(self, model: SimpleCNN) -> None:
+        self.blocks = []
+        self.live_channels = {}  # gate name -> channels that depend on the input, by the weights alone
+        live = torch.ones(next(model.parameters()).shape[1], dtype=torch.bool, device=model.head.weight.device)
+        for name in model._gates:
+            conv = getattr(model, name)
+            weight = conv.weight.detach()
+            reads = (weight != 0).flatten(2).any(dim=2)  # [out, in]: the kernels pruning left
+            self.blocks.append((name, weight, conv.bias.detach(), reads))
+            live = reads[:, live].any(dim=1)
+            self.live_channels[name] = int(live.sum())
+        self.head_weight, self.head_bias = model.head.weight.detach(), model.head.bias.detach()
+        self.side = model._side
+
+    def __call__(
+        self,
+        x: Tensor,
+        groups: int,
+        at_conv: Mapping[str, tuple[Tensor, Tensor]] | None = None,
+        at_end: Mapping[str, Tensor] | None = None,
+    ) -> Tensor:
+        at_conv, at_end = at_conv or {}, at_end or {}
+        live = x  # the live channels, per sample
+        static = x.new_zeros(groups, *x.shape[1:])  # every channel per group, 0 where live
+        cols = torch.arange(x.shape[1], device=x.device)
+        for name, weight, bias, reads in self.blocks:
+            kept = reads[:, cols].any(dim=1)  # reads a live channel
+            if name in at_conv:
+                kept &= (at_conv[name][0] != 0).any(dim=0)  # and some group does not replace it
+            if name in at_end:
+                kept &= (at_end[name] != 0).any(dim=0)  # and some group has it open
+            rows = kept.nonzero().flatten()
+            per_group = F.conv2d(static, weight, bias, padding=1)
+            if len(rows):
+                own = F.conv2d(live, weight[rows][:, cols].contiguous(memory_format=torch.channels_last), padding=1)
+            else:
+                own = live.new_zeros(len(live), 0, *per_group.shape[2:])
+            live = _each(per_group[:, rows], own, torch.add)
+            if name in at_conv:
+                scale, shift = at_conv[name]
+                live = _each(_per_channel(scale[:, rows]), live, torch.mul)
+                live = _each(_per_channel(shift[:, rows]), live, torch.add)
+                per_group = per_group * _per_channel(scale) + _per_channel(shift)
+            live, per_group = _block_end(live), _block_end(per_group)
+            if name in at_end:
+                live = _each(_per_channel(at_end[name][:, rows]), live, torch.mul)
+                per_group = per_group * _per_channel(at_end[name])
+            static = per_group.index_fill(1, rows, 0.0)
+            cols = rows
+        head_live = self.head_weight.view(len(self.head_weight), -1, self.side**2)[:, cols].flatten(1)
+        logits = live.flatten(1) @ head_live.T
+        return _each(F.linear(static.flatten(1), self.head_weight, self.head_bias), logits, torch.add)
+
+
+def _each(per_group: Tensor, per_sample: Tensor, op: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """``op(per_sample, per_group)`` with each group's value [groups, ...] broadcast over its
+    samples (``per_sample`` [groups * n, ...], group-major)."""
+    groups, samples = per_group.shape[0], per_sample.shape[0]
+    out = op(per_sample.view(groups, samples // groups, *per_sample.shape[1:]), per_group.unsqueeze(1))
+    return out.view(samples, *per_sample.shape[1:])
+
+
+def _block_end(maps: Tensor) -> Tensor:
+    """ReLU and 2x2 max-pool, also of maps with no channels (a block with no live channel)."""
+    if maps.shape[1] == 0:
+        return maps.new_zeros(*maps.shape[:2], maps.shape[2] // 2, maps.shape[3] // 2)
+    return F.max_pool2d(F.relu(maps), 2)
+
+
+def _per_channel(values: Tensor) -> Tensor:
+    """Values [N, C] shaped to broadcast over maps [N, C, H, W]."""
+    return values[:, :, None, None]
 
 
 @MODELS.register("simple_cnn", SimpleCNNConfig)
