@@ -11,8 +11,10 @@ client's data and the test set:
   fast path against it (what the fast path alone changes);
 - ablations: the batched pass on ``--ablation-samples`` images against one pass per
   combination on 1,000 (the old path): how many numbers lie inside the new number's 95%
-  sampling interval of the old one, and the largest gap; and how many are equal to the
-  old path's on the same images (the implementation alone);
+  sampling interval of the old one (and how many of those outside belong to a degenerate
+  ablation: one class predicted for more than 90% of the images, whose scores jump with
+  which class that is), and the largest gap; and how many are equal to the old path's on
+  the same images (the implementation alone);
 - the misalignment probe: on features from the channels-last copy against features from
   the model as it is: accuracy difference in points.
 
@@ -40,6 +42,7 @@ from fedmech_flwr.data import CIFAR10Config, load_dataset
 from fedmech_flwr.heads import features
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, overall_sparsity
+from fedmech_flwr.training import DEGENERATE_FRACTION
 
 CLIENT_CLASSES = [0, 1, 2]
 
@@ -100,7 +103,7 @@ def ablations(model, data, masks, samples: int) -> None:
     start = time.perf_counter()
     new = ablation_reports(model, x_new, y_new, jobs, channel_means(model, x_new))
     t_new = time.perf_counter() - start
-    inside, total, gap = 0, 0, 0.0
+    inside, total, gap, degenerate = 0, 0, 0.0, 0
     for o, n in zip(old, new):
         for path, a, b in _leaves(o, n):
             if path[-1] in SCORES and a is not None:
@@ -108,10 +111,15 @@ def ablations(model, data, masks, samples: int) -> None:
                 inside += abs(a - b) <= half
                 total += 1
                 gap = max(gap, abs(a - b))
+                # an ablated model that predicts one class for (nearly) every image: its
+                # scores jump with which class that is, not with the images sampled
+                degenerate += abs(a - b) > half and max(_lookup(r, path[:-1])["max_predicted_fraction"]
+                                                        for r in (o, n)) > DEGENERATE_FRACTION
     same = [a == b for o, n in zip(_per_combination(model, x_new, y_new, jobs), new)
             for path, a, b in _leaves(o, n) if path[-1] in SCORES and a is not None]
     print(f"ablations: per combination on 1000 images {t_old:.1f} s, batched on {len(y_new)} {t_new:.1f} s; "
-          f"{inside}/{total} numbers inside the new 95% interval of the old, largest gap {gap:.3f}; "
+          f"{inside}/{total} numbers inside the new 95% interval of the old ({degenerate} of those outside from "
+          f"degenerate ablations), largest gap {gap:.3f}; "
           f"on the same {len(y_new)} images {sum(same)}/{len(same)} numbers equal")
 
 
