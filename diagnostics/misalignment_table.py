@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from diagnostics.misalignment import degenerate_heads
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.run_folder import CONFIG_FILE, read_records
 from fedmech_flwr.training import DEGENERATE_FRACTION
+from fedmech_flwr.yaml_text import read_yaml_file
 
 COLUMNS = {
     "global": "global",
@@ -101,7 +100,7 @@ def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
 def table(runs: list[Path], server_round: int | None) -> tuple[list[dict[str, str]], list[str]]:
     """A ``table_row`` per run, with skew-attributable gap columns when an IID run is given,
     and the notes that explain the flags used."""
-    configs = {run: yaml.safe_load((run / CONFIG_FILE).read_text()) for run in runs}
+    configs = {run: read_yaml_file(run / CONFIG_FILE) for run in runs}
     records = {run: read_record(run, server_round) for run in runs}
     rows = [table_row(run, configs[run], records[run]) for run in runs]
     notes = [DEGENERATE_NOTE] if any(degenerate_heads(r) for r in records.values()) else []

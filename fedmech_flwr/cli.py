@@ -38,7 +38,17 @@ from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
-from fedmech_flwr.run_folder import APP_DIR, CONFIG_FILE, LOCK_FILE, STATE_FILE, FolderLock, RunFolder, read_status
+from fedmech_flwr.run_folder import (
+    APP_DIR,
+    CONFIG_FILE,
+    LOCK_FILE,
+    STATE_FILE,
+    FolderLock,
+    RunFolder,
+    process_alive,
+    read_records,
+    read_status,
+)
 from fedmech_flwr.typed import describe_fields
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -155,10 +165,17 @@ def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
 
 
 def _prepare_resume(run_dir: Path, checkpoint: int | None) -> None:
-    """Before Flower starts: make numbered checkpoint ``checkpoint`` the resume point, or
-    check that the resume point can be read. A damaged one is a ``BadFileError`` that says
-    how to go on: from the latest intact checkpoint, else from round 0."""
+    """Before Flower starts: check the records, then make numbered checkpoint
+    ``checkpoint`` the resume point, or check that the resume point can be read. Damage is
+    a ``BadFileError`` that names the file (and line) and says how to go on: for the
+    resume point, from the latest intact checkpoint, else from round 0."""
     folder = RunFolder(run_dir)
+    try:
+        read_records(run_dir)
+    except BadFileError as err:
+        raise BadFileError(f"{err}, then run `fedmech run --resume {run_dir}` again") from None
+    except FileNotFoundError:  # killed before its first record: nothing to check
+        pass
     if checkpoint is not None:
         folder.restore_checkpoint(checkpoint)
         return
@@ -182,7 +199,16 @@ def _run_lock(run_dir: Path) -> FolderLock:
 
 
 def _report(result: LaunchResult, run_dir: Path) -> int:
-    """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``."""
+    """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``.
+    A folder still "running" after its ServerApp ended is marked failed here, so no status
+    outlives its writer."""
+    status = read_status(run_dir)
+    if status["status"] == "running" and not process_alive(status.get("pid", -1)):
+        try:
+            RunFolder(run_dir).set_status("failed", f"the ServerApp ended without recording an outcome (Flower: "
+                                                    f"{result.status}); its log is above")
+        except OSError as err:
+            print(f"warning: could not mark {run_dir} failed: {err}", file=sys.stderr)
     folder_status = read_status(run_dir)["status"]
     print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
     if result.ok and folder_status == "completed":
@@ -286,11 +312,14 @@ def _only(items: list[str]) -> dict[str, list[str]]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedmech_flwr.sweep import load_sweep, run_sweep
+    from fedmech_flwr.files import check_writable
+    from fedmech_flwr.sweep import check_fits, load_sweep, run_sweep
 
     plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
     folder = plan.folder(args.out)
     if args.dry_run:
+        check_fits(plan.cells, args.parallel)
+        check_writable(folder)
         print(f"OK: {args.sweep}: {len(plan.cells)} cells, each validated; they would run in {folder}")
         for cell in plan.cells:
             print(f"  {cell.name}: {' '.join(cell.overrides)}")

@@ -22,7 +22,7 @@ import yaml
 from fedmech_flwr import plugins
 from fedmech_flwr.client import CLIENTS
 from fedmech_flwr.data import DATASETS
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.errors import ConfigError, brief
 from fedmech_flwr.hooks import DIAGNOSTICS
 from fedmech_flwr.models import MODELS
 from fedmech_flwr.partition import PARTITIONERS
@@ -31,6 +31,7 @@ from fedmech_flwr.registry import Registry
 from fedmech_flwr.strategy import STRATEGIES
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
+from fedmech_flwr.yaml_text import load_yaml, read_yaml_file
 
 PLUGIN_KEYS = {
     "dataset": "data.dataset",
@@ -76,7 +77,7 @@ def _parse_component(kind: str, raw: Any, where: str, extra: tuple[str, ...] = (
     registry = _registry(kind)
     if not isinstance(raw, dict) or "name" not in raw:
         names = ", ".join(registry.names())
-        raise ConfigError(f"expected a mapping with a 'name' key (one of: {names}), got {raw!r}", where)
+        raise ConfigError(f"expected a mapping with a 'name' key (one of: {names}), got {brief(raw)}", where)
     name = raw["name"]
     entry = registry.get(str(name), join_key(where, "name"))
     params = {k: v for k, v in raw.items() if k != "name" and k not in extra}
@@ -110,13 +111,13 @@ class DiagnosticSpec:
 
 def _parse_diagnostics(raw: Any, where: str) -> list[DiagnosticSpec]:
     if not isinstance(raw, list):
-        raise ConfigError(f"expected a list of diagnostics, got {raw!r}", where)
+        raise ConfigError(f"expected a list of diagnostics, got {brief(raw)}", where)
     specs = []
     for i, item in enumerate(raw):
         comp, taken = _parse_component("diagnostic", item, f"{where}[{i}]", extra=("every",))
         every = taken.get("every", 1)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"every must be an integer >= 1, got {every!r}", f"{where}[{i}].every")
+            raise ConfigError(f"every must be an integer >= 1, got {brief(every)}", f"{where}[{i}].every")
         specs.append(DiagnosticSpec(comp.name, every, comp.params))
     return specs
 
@@ -174,7 +175,7 @@ def _parse_name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or not RUN_NAME.fullmatch(raw):
         raise ConfigError(
             f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 "
-            f"characters), got {raw!r}: it names the run folder inside the output root",
+            f"characters), got {brief(raw)}: it names the run folder inside the output root",
             where,
         )
     return raw
@@ -250,13 +251,13 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
     if address is not None and address != "auto" and not re.fullmatch(r"[\w.\-]+:\d+", address):
         raise ConfigError(
             f"ray_address must be 'auto', HOST:PORT (the address `ray start --head` prints) or null, "
-            f"got {address!r}",
+            f"got {brief(address)}",
             f"{where}simulation.ray_address",
         )
     root = cfg.output_root
     if not (Path(root).is_absolute() or root.startswith("~")):
         raise ConfigError(
-            f"output_root must be absolute or start with '~', got {root!r}: the ServerApp runs "
+            f"output_root must be absolute or start with '~', got {brief(root)}: the ServerApp runs "
             "in the SuperLink's working directory, so a relative path would land somewhere "
             "unexpected (use --out DIR or FEDMECH_OUT for a folder relative to you)",
             f"{where}output_root",
@@ -316,7 +317,7 @@ def load_plugins(raw: Any, source: str) -> None:
     if modules is None:
         return
     if not isinstance(modules, list):
-        raise ConfigError(f"expected a list of module names, e.g. [my_lab.fed.median], got {modules!r}",
+        raise ConfigError(f"expected a list of module names, e.g. [my_lab.fed.median], got {brief(modules)}",
                           f"{source}: plugins")
     for i, module in enumerate(modules):
         plugins.import_plugin(module, f"{source}: plugins[{i}]")
@@ -343,7 +344,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if "=" not in item:
             raise ConfigError(f"expected key=value, got {item!r}", "--set")
         dotted, value_text = item.split("=", 1)
-        set_key(out, dotted, yaml.safe_load(value_text))
+        set_key(out, dotted, load_yaml(value_text, f"--set {dotted}"))
     return out
 
 
@@ -372,15 +373,18 @@ def differing_keys(configs: list[dict[str, Any]]) -> list[str]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read an experiment YAML file, with a clear error if it is missing or malformed."""
+    """Read an experiment or sweep file: a mapping, or a clear error (missing, not UTF-8,
+    malformed, a key twice, an alias bomb, not a mapping)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path.resolve()}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"cannot parse YAML: {err}", str(path)) from err
-    return raw if raw is not None else {}
+    raw = read_yaml_file(path)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"expected a mapping of keys (name:, data:, ...), got {type(raw).__name__} {brief(raw)}",
+                          str(path))
+    return raw
 
 
 def experiment_from_json(text: str) -> ExperimentConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import reprlib
+
 
 class ConfigError(ValueError):
     """An invalid experiment configuration; ``where`` names the file and key.
@@ -29,3 +31,14 @@ class BadFileError(ValueError):
 class RunFolderError(ValueError):
     """A run folder cannot be used as asked (e.g. resumed); the message says why and what
     to do instead."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 80, 80
+_BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = 6
+
+
+def brief(value: object) -> str:
+    """A repr of a value for an error message, bounded in length and depth whatever the
+    value (a list that aliases expand to millions of items prints as a few)."""
+    return _BRIEF.repr(value)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedmech_flwr.errors import RunFolderError
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -42,3 +44,14 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Save a matplotlib figure (format from the suffix, 120 dpi), atomically."""
     return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120))
+
+
+def check_writable(folder: Path) -> None:
+    """Refuse a folder that could not be made, or written in, here: what ``--dry-run``
+    checks in place of making it."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        why = "is not a folder" if not existing.is_dir() else "is not writable (read-only, or not yours)"
+        raise RunFolderError(f"cannot write in {folder}: {existing} {why}; choose another --out")

@@ -25,6 +25,7 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DatasetBundle, Pixels
 from fedmech_flwr.experiment import client_partitions, load_data
 from fedmech_flwr.registry import did_you_mean
+from fedmech_flwr.run_folder import memory_available_gib
 
 MIN_SAMPLES = 10
 """Fewest training samples a node may bring: fewer make an update that is mostly noise,
@@ -114,12 +115,49 @@ def load_node_data(path: str | Path, spec: NodeDataSpec) -> NodeData:
     return _node_data(path, spec, *(arrays.get(k) for k in ("x", "y", "x_val", "y_val")))
 
 
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+"""The .npy header versions ``numpy.savez`` writes, and their public readers."""
+
+
+def _check_npz_headers(path: Path, spec: NodeDataSpec) -> None:
+    """The arrays' headers (shape, dtype) against ``spec``, and their sizes against what
+    the file holds and this host's free memory, before anything is loaded: a header that
+    claims a huge shape is refused, naming the file, instead of failing in allocation."""
+    headers: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    claimed = 0
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            key = info.filename.removesuffix(".npy")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in NPY_HEADER_READERS:
+                    raise NodeDataError(f"{path}: {key} is in .npy format {version}; write it with numpy.savez")
+                shape, _, dtype = NPY_HEADER_READERS[version](member)
+                stored = info.file_size - member.tell()
+            size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if size > stored:
+                raise NodeDataError(f"{path}: {key}'s header claims shape {shape} ({size:,} bytes) but the file holds "
+                                    f"{stored:,} bytes of it; the file was damaged: write it again")
+            headers[key] = shape, dtype
+            claimed += size
+    for x_key, y_key in (("x", "y"), ("x_val", "y_val")):
+        if x_key in headers and y_key in headers:
+            _check_layout(path, spec, x_key, *headers[x_key], y_key, *headers[y_key])
+    if claimed > memory_available_gib() * 2**30:
+        raise NodeDataError(f"{path} holds {claimed / 2**30:.1f} GiB of arrays and this node has "
+                            f"{memory_available_gib():.1f} GiB free; give it fewer samples")
+
+
 def _read_npz(path: Path, spec: NodeDataSpec) -> dict[str, np.ndarray]:
     try:
+        if zipfile.is_zipfile(path):
+            _check_npz_headers(path, spec)
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.lib.npyio.NpzFile):
             with loaded as z:
                 arrays = {k: z[k] for k in z.files}
+    except NodeDataError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as err:
         raise NodeDataError(f"{path} is not an npz file ({type(err).__name__}: {err}); expected an .npz "
                             f"(numpy.savez) with {spec.expected()}") from err
@@ -147,31 +185,37 @@ def _node_data(path: Path, spec: NodeDataSpec, x: np.ndarray, y: np.ndarray,
 
 
 def _check(path: Path, spec: NodeDataSpec, x_key: str, x: np.ndarray, y_key: str, y: np.ndarray) -> None:
-    """Shape, channels, dtype, finiteness and label range of one split, each refused with
-    what was found and what was expected."""
-    c, h, w = spec.input_shape
-    where = f"{path}: {x_key}"
-    if x.ndim not in (3, 4):
-        raise NodeDataError(f"{where} has shape {x.shape}; expected {spec.expected()}")
-    if x.shape[1:3] != (h, w):
-        raise NodeDataError(f"{where}: images are {x.shape[1]}x{x.shape[2]} pixels, expected {h}x{w} "
-                            f"(dataset '{spec.dataset}'); resize them")
-    channels = 1 if x.ndim == 3 else x.shape[3]
-    if channels != c:
-        raise NodeDataError(f"{where}: images have {channels} channel(s), expected {c} "
-                            f"({'greyscale' if c == 1 else 'RGB' if c == 3 else f'{c} channels'}, dataset "
-                            f"'{spec.dataset}'); layout {spec.expected()}")
-    if x.dtype != np.dtype(spec.pixels.dtype):
-        raise NodeDataError(f"{where} is {x.dtype}; expected {spec.expected()}")
+    """Layout (``_check_layout``), finiteness and label range of one split."""
+    _check_layout(path, spec, x_key, x.shape, x.dtype, y_key, y.shape, y.dtype)
     if x.dtype.kind == "f" and not np.isfinite(x).all():
-        raise NodeDataError(f"{where} holds NaN or Inf values")
-    if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
-        raise NodeDataError(f"{path}: {y_key} is {y.dtype} {y.shape} for {len(x)} images; expected integer labels "
-                            f"[{len(x)}]")
+        raise NodeDataError(f"{path}: {x_key} holds NaN or Inf values")
     if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
         bad = int(y.min()) if y.min() < 0 else int(y.max())
         raise NodeDataError(f"{path}: {y_key} holds label {bad}, outside the {spec.num_classes} classes "
                             f"0..{spec.num_classes - 1} of dataset '{spec.dataset}'")
+
+
+def _check_layout(path: Path, spec: NodeDataSpec, x_key: str, x_shape: tuple[int, ...], x_dtype: np.dtype,
+                  y_key: str, y_shape: tuple[int, ...], y_dtype: np.dtype) -> None:
+    """Shape, channels and dtype of one split (read from the arrays, or from the npz
+    headers before loading), each refused with what was found and what was expected."""
+    c, h, w = spec.input_shape
+    where = f"{path}: {x_key}"
+    if len(x_shape) not in (3, 4):
+        raise NodeDataError(f"{where} has shape {x_shape}; expected {spec.expected()}")
+    if x_shape[1:3] != (h, w):
+        raise NodeDataError(f"{where}: images are {x_shape[1]}x{x_shape[2]} pixels, expected {h}x{w} "
+                            f"(dataset '{spec.dataset}'); resize them")
+    channels = 1 if len(x_shape) == 3 else x_shape[3]
+    if channels != c:
+        raise NodeDataError(f"{where}: images have {channels} channel(s), expected {c} "
+                            f"({'greyscale' if c == 1 else 'RGB' if c == 3 else f'{c} channels'}, dataset "
+                            f"'{spec.dataset}'); layout {spec.expected()}")
+    if x_dtype != np.dtype(spec.pixels.dtype):
+        raise NodeDataError(f"{where} is {x_dtype}; expected {spec.expected()}")
+    if not np.issubdtype(y_dtype, np.integer) or y_shape != (x_shape[0],):
+        raise NodeDataError(f"{path}: {y_key} is {y_dtype} {y_shape} for {x_shape[0]} images; expected integer labels "
+                            f"[{x_shape[0]}]")
 
 
 def _slug(name: str) -> str:

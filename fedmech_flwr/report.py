@@ -26,6 +26,7 @@ import html
 import json
 import logging
 import math
+import re
 import socket
 import textwrap
 from collections import defaultdict
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import BadFileError, ConfigError
@@ -50,6 +50,7 @@ from fedmech_flwr.run_folder import (
 )
 from fedmech_flwr.stats import mean_ci
 from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
+from fedmech_flwr.yaml_text import read_yaml_file
 
 log = logging.getLogger(__name__)
 
@@ -195,22 +196,25 @@ def _seconds_between(start: str, end: str) -> float:
 
 def _open_run(run: Run, claimed: str | None = None) -> None:
     """Fill ``run`` from its folder: status, config, commit, wall time; records if it
-    completed. The folder's status.json is the truth, but a run whose writer is gone while
-    it still says running was killed, and a sweep cell keeps the manifest's word (failed,
-    interrupted by Ctrl-C or SIGTERM, killed with its sweep, or running before its folder
-    has a status) until it runs again."""
+    completed. The folder's status.json is the truth, but a run whose writer is gone from
+    this host while it still says running was interrupted (the error says how to
+    continue it), and a sweep cell keeps the manifest's word (failed, interrupted by
+    Ctrl-C, SIGTERM or a kill of its sweep, or running before its folder has a status)
+    until it runs again."""
     if (run.path / CONFIG_FILE).is_file():
-        run.config = yaml.safe_load((run.path / CONFIG_FILE).read_text())
+        run.config = read_yaml_file(run.path / CONFIG_FILE)
     status = read_status(run.path)
     if status["status"] == "missing":
-        run.status = claimed if claimed in ("failed", "interrupted", "running", "killed") else "pending"
+        run.status = claimed if claimed in ("failed", "interrupted", "running") else "pending"
         return
     run.status = status["status"]
-    if run.status != "completed" and claimed in ("failed", "interrupted", "killed"):
+    if run.status != "completed" and claimed in ("failed", "interrupted"):
         run.status = claimed
     elif run.status == "running" and status.get("host") == socket.gethostname() \
             and not process_alive(status.get("pid", -1)):
-        run.status = "killed"
+        run.status = "interrupted"
+        run.error = ("its process ended without recording an outcome; continue it with "
+                     f"`fedmech run --resume {run.path}`")
     if run.status != "completed":
         run.error = status.get("error") or run.error
     env_file = run.path / ENVIRONMENT_FILE
@@ -243,7 +247,10 @@ def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Run]]:
     sweep_alive = lock_holder(sweep_dir) is not None
     for run, cell in zip(runs, manifest["cells"]):
         claimed = cell.get("status")
-        _open_run(run, "killed" if claimed == "running" and not sweep_alive else claimed)
+        if claimed == "running" and not sweep_alive:
+            claimed = "interrupted"
+            run.error = "its sweep was killed; run the same `fedmech sweep` command again to continue it"
+        _open_run(run, claimed)
     return manifest, runs
 
 
@@ -408,7 +415,7 @@ class PaperValue:
 
 def read_paper_values(path: Path) -> list[PaperValue]:
     """The published values of a YAML file (``values: [{metric, value, relation, where, source}]``)."""
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = read_yaml_file(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("values"), list):
         raise ConfigError("expected a mapping with a 'values' list", str(path))
     out = []
@@ -763,21 +770,33 @@ def to_html(title: str, sections: list[Section]) -> str:
     return "\n".join(out + ["</body></html>", ""])
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
+"""Characters that Markdown would read as code, emphasis, a link or a table cell (``&``,
+``<`` and ``>`` become entities; an underscore inside a word is literal already)."""
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as literal Markdown on one line: HTML's special characters as entities and
+    Markdown's escaped, so text from runs and values files cannot become HTML, a link or
+    a table cell of its own."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(" ".join(text.split()), quote=False))
+
+
 def to_markdown(title: str, sections: list[Section], out_dir: Path) -> str:
-    cell = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    out = [f"# {title}", ""]
+    e = markdown_text
+    out = [f"# {e(title)}", ""]
     for section in sections:
-        out += [f"## {section.title}", ""]
+        out += [f"## {e(section.title)}", ""]
         for block in section.blocks:
             if isinstance(block, str):
-                out += [block, ""]
+                out += [e(block), ""]
             elif isinstance(block, list):
-                out += [f"- {item}" for item in block] + [""]
+                out += [f"- {e(item)}" for item in block] + [""]
             elif isinstance(block, Table):
-                out += ["| " + " | ".join(map(cell, block.header)) + " |", "|" + "---|" * len(block.header)]
-                out += ["| " + " | ".join(map(cell, row)) + " |" for row in block.rows] + [""]
+                out += ["| " + " | ".join(map(e, block.header)) + " |", "|" + "---|" * len(block.header)]
+                out += ["| " + " | ".join(map(e, row)) + " |" for row in block.rows] + [""]
             else:
-                out += [f"![{block.caption}]({block.path.relative_to(out_dir).as_posix()})", ""]
+                out += [f"![{e(block.caption)}]({block.path.relative_to(out_dir).as_posix()})", ""]
     return "\n".join(out)
 
 

@@ -175,19 +175,20 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a fedmech run folder?")
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().splitlines()
     records = []
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(lines, 1):
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # not UTF-8 (a multi-byte character cut off), or not JSON
             if number < len(lines):
                 raise BadFileError(
-                    f"{path}, line {number}: expected one JSON record per line, got {line[:80]!r} ({err}); "
-                    "the file was damaged: restore it or delete that line"
+                    f"{path}, line {number}: expected one JSON record per line, got {raw[:80]!r} "
+                    f"({' '.join(str(err).split())}); the file was damaged: restore it or delete that line"
                 ) from err
             log.warning("%s: skipping the torn last line %d (%r): the run was killed while writing it",
-                        path, number, line[:80])
+                        path, number, raw[:80])
             continue
         if not _is_record(record):
             raise BadFileError(
@@ -215,6 +216,17 @@ def process_alive(pid: int) -> bool:
         return not Path("/proc").is_dir()
 
 
+def memory_available_gib() -> float:
+    """Memory this host can still give (``MemAvailable``), in GiB; infinite where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
 def live_holder(lock_file: Path) -> dict[str, Any] | None:
     """The live process (pid, host, since) that holds ``lock_file``, or None: no lock, or a
     stale one, whose process is gone or ran on another host (whose processes this host
@@ -238,10 +250,13 @@ class FolderLock:
     def __enter__(self) -> FolderLock:
         folder = self.path.parent
         self.made_folder = not folder.exists()
-        folder.mkdir(parents=True, exist_ok=True)
         mine = folder / f".tmp.{self.path.name}.{os.getpid()}"
-        mine.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                    "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            mine.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                        "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}))
+        except OSError as err:
+            raise RunFolderError(f"cannot write in {folder} ({err.strerror or err}); choose another --out") from None
         try:
             os.link(mine, self.path)  # fails if the lock exists: of two starters, only one gets it
         except FileExistsError:
@@ -475,5 +490,17 @@ class RunFolder:
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """status.json (``{"status": "missing"}`` when there is none); a damaged one is a
+    ``BadFileError`` naming it."""
     path = Path(run_dir) / STATUS_FILE
-    return json.loads(path.read_text()) if path.is_file() else {"status": "missing"}
+    if not path.is_file():
+        return {"status": "missing"}
+    try:
+        status = json.loads(path.read_bytes())
+    except ValueError as err:
+        raise BadFileError(f"{path} is not JSON ({err}); the file was damaged: restore it, or write "
+                           '{"status": "failed"} into it to resume the run') from None
+    if not isinstance(status, dict) or not isinstance(status.get("status"), str):
+        raise BadFileError(f"{path}: expected an object with a string 'status', got {str(status)[:80]}; the file "
+                           'was damaged: restore it, or write {"status": "failed"} into it to resume the run')
+    return status

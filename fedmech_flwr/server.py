@@ -137,16 +137,17 @@ def run_experiment(
 
     if resume:
         folder = RunFolder.resume(run_dir)
-        point = _resume_point(folder, model)
-        folder.rewind(point.last_round if point else None)
         folder.set_status("running")
-        log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
     else:
         folder = RunFolder.create(output_root(cfg, out), cfg.name, run_dir)
-        point = None
         log.info("Run folder: %s", folder.path)
     with completing(folder):
-        if not resume:
+        point = None
+        if resume:
+            point = _resume_point(folder, model)
+            folder.rewind(point.last_round if point else None)
+            log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
+        else:
             folder.write_config(cfg.to_plain())
             folder.write_environment(cfg.seed, str(device), run_config or {})
         fed = cfg.federation
@@ -166,20 +167,37 @@ def run_experiment(
 
 @contextmanager
 def completing(folder: RunFolder) -> Iterator[None]:
-    """Mark ``folder`` completed, with its plots, when the block ends; failed (with the
-    error, and the plots of the rounds it finished) when it raises."""
+    """End ``folder`` as completed, with its plots, when the block ends; as failed, with a
+    one-line reason (and the plots of the rounds it finished), when the block, the final
+    plots or the status write raise. Only a process that dies before it can write the
+    status leaves it "running" (readers then see a dead writer: interrupted)."""
     try:
         yield
     except BaseException as err:
-        folder.set_status("failed", f"{type(err).__name__}: {err}")
+        _fail(folder, err)
         try:
             plot_run(folder.path)
         except Exception as plot_err:  # never hide the run's own error behind a plotting one
             log.warning("could not plot the failed run: %s", plot_err)
         raise
-    plot_run(folder.path)
-    folder.set_status("completed")
+    try:
+        plot_run(folder.path)
+        folder.set_status("completed")
+    except BaseException as err:
+        _fail(folder, err, "after the last round, drawing the final plots or writing the status: ")
+        raise
     log.info("Run completed: %s", folder.path)
+
+
+def _fail(folder: RunFolder, err: BaseException, context: str = "") -> None:
+    """Mark ``folder`` failed with ``err`` as one line; if even that cannot be written (a
+    full disk), say so in the log: the status then reads as interrupted."""
+    text = str(err).strip()
+    reason = f"{context}{type(err).__name__}" + (f": {text.splitlines()[0]}" if text else "")
+    try:
+        folder.set_status("failed", reason)
+    except OSError as status_err:
+        log.error("could not record the failure in %s (%s): %s", folder.path, status_err, err)
 
 
 def _partition_entries(roster: Roster, parts: list[np.ndarray], hist: np.ndarray) -> list[dict[str, Any]]:

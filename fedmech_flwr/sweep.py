@@ -54,11 +54,19 @@ from typing import Any
 
 from fedmech_flwr import plugins
 from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, load_plugins, override, read_yaml
-from fedmech_flwr.errors import ConfigError, RunFolderError
+from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.launch import launch, stop_all
-from fedmech_flwr.run_folder import CONFIG_FILE, FolderLock, live_holder, process_alive, read_records, read_status
+from fedmech_flwr.run_folder import (
+    CONFIG_FILE,
+    FolderLock,
+    live_holder,
+    memory_available_gib,
+    process_alive,
+    read_records,
+    read_status,
+)
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -160,13 +168,20 @@ def auto_label(key: str, value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
+def _check_path_name(name: str, where: str) -> None:
+    """A name that becomes part of a folder's name (sweep, preset): one path component."""
+    if not LABEL.fullmatch(name):
+        raise ConfigError(f"{brief(name)} names the sweep folder: use letters, digits, '.', '-' and '_', starting "
+                          "with a letter or digit", where)
+
+
 def _axis(name: str, keys: tuple[str, ...], points: list[tuple[str, tuple[Any, ...]]], where: str) -> Axis:
     if not points:
         raise ConfigError("an axis needs at least one value, got none", where)
     labels = [str(label) for label, _ in points]
     for label in labels:
         if not LABEL.fullmatch(label):
-            raise ConfigError(f"label {label!r} names run folders: use letters, digits, '.', '-' and '_'", where)
+            raise ConfigError(f"label {brief(label)} names run folders: use letters, digits, '.', '-' and '_'", where)
     if repeated := sorted({lab for lab in labels if labels.count(lab) > 1}):
         raise ConfigError(f"values share the label(s) {repeated}; label them yourself: {{label: value, ...}}", where)
     return Axis(name, keys, tuple(labels), tuple(values for _, values in points))
@@ -179,7 +194,7 @@ def grid_axis(key: str, raw: Any, where: str) -> Axis:
     elif isinstance(raw, list):
         points = [(auto_label(key, value), (value,)) for value in raw]
     else:
-        raise ConfigError(f"an axis is a list of values or a mapping label: value, got {raw!r}", where)
+        raise ConfigError(f"an axis is a list of values or a mapping label: value, got {brief(raw)}", where)
     return _axis(key, (key,), points, where)
 
 
@@ -187,7 +202,7 @@ def zip_axis(group: Any, where: str) -> Axis:
     """Zipped axes: ``{key: [values], key: [values]}`` of equal lengths, or
     ``{label: {key: value, key: value}, ...}``."""
     if not isinstance(group, dict) or not group:
-        raise ConfigError(f"a zipped group is a mapping key: [values], got {group!r}", where)
+        raise ConfigError(f"a zipped group is a mapping key: [values], got {brief(group)}", where)
     if all(isinstance(v, list) for v in group.values()):
         keys = tuple(group)
         lengths = {k: len(v) for k, v in group.items()}
@@ -199,7 +214,7 @@ def zip_axis(group: Any, where: str) -> Axis:
         keys = tuple(next(iter(group.values())))
         for label, values in group.items():
             if tuple(values) != keys:
-                raise ConfigError(f"{label!r} sets {sorted(values)}; every label of a group sets {sorted(keys)}",
+                raise ConfigError(f"{brief(label)} sets {sorted(values)}; every label of a group sets {sorted(keys)}",
                                   f"{where}.{label}")
         points = [(str(label), tuple(values[k] for k in keys)) for label, values in group.items()]
     else:
@@ -245,8 +260,11 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
     for i, group in enumerate(spec.zip):
         axis = zip_axis(group, f"{path}: zip[{i}]")
         axes[axis.name] = axis
+    for key in spec.presets:
+        _check_path_name(key, f"{path}: presets.{key}")
     chosen = Preset()
     if preset is not None:
+        _check_path_name(preset, "--preset")
         if preset not in spec.presets:
             raise ConfigError(f"no preset {preset!r}; this file has {sorted(spec.presets) or 'none'}", "--preset")
         chosen = spec.presets[preset]
@@ -262,6 +280,7 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
     base = (path.parent / spec.base).resolve()
     raw_base = read_yaml(base)
     name = spec.name or path.stem
+    _check_path_name(name, f"{path}: name")
     common = [override(k, v) for k, v in {**spec.set, **chosen.set}.items()]
     plugins.load()
     load_plugins(raw_base, str(base))  # an import failure names the base's key, not the first cell's
@@ -282,16 +301,6 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
     return Plan(path.resolve(), base, name, preset, chosen.doc or spec.doc, seeds, axis_list, cells)
 
 
-def _memory_available_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return float("inf")
-
-
 def check_fits(cells: list[Cell], parallel: int, cpus: int | None = None, memory_gib: float | None = None) -> int | None:
     """Refuse ``parallel`` runs at once that this machine cannot hold; return the CPUs each
     private Ray may use (None: one run at a time, or the runs share a Ray cluster)."""
@@ -301,7 +310,7 @@ def check_fits(cells: list[Cell], parallel: int, cpus: int | None = None, memory
     if parallel == 1 or not local:
         return None
     cpus = cpus or os.cpu_count() or 1
-    memory_gib = _memory_available_gib() if memory_gib is None else memory_gib
+    memory_gib = memory_available_gib() if memory_gib is None else memory_gib
     need = max(cfg.simulation.cpus_per_client for cfg in local)
     if parallel * need > cpus:
         raise ConfigError(
@@ -416,7 +425,6 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
     line per finished cell. Ctrl-C or SIGTERM stops every run the sweep started (the cells
     are resumed next time) and re-raises."""
     num_cpus = check_fits(plan.cells, parallel)
-    folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(folder / LOCK_FILE, "run the same command again"):
         manifest = Manifest(folder, plan)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.errors import ConfigError, brief
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ def parse_dataclass(cls: type[T], data: Any, where: str) -> T:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"expected a mapping, got {type(data).__name__} {data!r}", where)
+        raise ConfigError(f"expected a mapping, got {type(data).__name__} {brief(data)}", where)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -185,7 +185,7 @@ def _check_range(f: dataclasses.Field, value: Any, where: str) -> None:
     for key, (ok, symbol) in _RANGE_CHECKS.items():
         if key in f.metadata and value is not None and not ok(value, f.metadata[key]):
             bound = f.metadata[key]
-            raise ConfigError(f"{f.name} must be {symbol} {bound}, got {value!r}", where)
+            raise ConfigError(f"{f.name} must be {symbol} {bound}, got {brief(value)}", where)
 
 
 def _type_name(tp: Any) -> str:
@@ -220,15 +220,15 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin is Literal:
         if value not in args:
             choices = ", ".join(repr(a) for a in args)
-            raise ConfigError(f"got {value!r}; choose one of {choices}", where)
+            raise ConfigError(f"got {brief(value)}; choose one of {choices}", where)
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"expected a list, got {value!r}", where)
+            raise ConfigError(f"expected a list, got {brief(value)}", where)
         return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"expected a mapping, got {value!r}", where)
+            raise ConfigError(f"expected a mapping, got {brief(value)}", where)
         return {
             _coerce(args[0], _json_key(args[0], k), join_key(where, str(k))): _coerce(args[1], v, join_key(where, str(k)))
             for k, v in value.items()
@@ -239,11 +239,11 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"expected true or false, got {value!r}", where)
+            raise ConfigError(f"expected true or false, got {brief(value)}", where)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"expected an integer, got {value!r}", where)
+            raise ConfigError(f"expected an integer, got {brief(value)}", where)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
@@ -252,10 +252,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"expected a number, got {value!r}", where)
+            raise ConfigError(f"expected a number, got {brief(value)}", where)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"expected a string, got {value!r}", where)
+            raise ConfigError(f"expected a string, got {brief(value)}", where)
         return value
     raise TypeError(f"unsupported config field type {_type_name(tp)} at {where}")

@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO, SMOKE, smoke_config
 from fedmech_flwr import plugins
 from fedmech_flwr.config import apply_overrides, experiment_from_json, override, read_yaml
-from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.errors import ConfigError, DataNotFoundError, brief
 from fedmech_flwr.experiment import load_experiment, parse_experiment
 from fedmech_flwr.registry import Registry, loading
 from fedmech_flwr.typed import to_plain
@@ -175,7 +175,7 @@ def test_run_name_that_is_not_a_slug_is_rejected(name):
     err = config_error(override("name", name))
     assert str(err).startswith(
         f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 characters), "
-        f"got {name!r}: it names the run folder inside the output root"
+        f"got {brief(name)}: it names the run folder inside the output root"
     )
     assert err.where.endswith(LOC + "name")
 

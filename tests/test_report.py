@@ -10,6 +10,7 @@ import math
 import os
 import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import yaml
 
 from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.report import METRICS, Stat, format_stat, read_paper_values, write_report
+from fedmech_flwr.report import METRICS, Stat, format_stat, read_inputs, read_paper_values, write_report
 
 T2 = 4.302652730  # t_{0.975, df=2}
 T1 = 12.706204736  # t_{0.975, df=1}
@@ -211,13 +212,29 @@ def test_partial_failed_and_pending_runs_are_listed_never_averaged(sweep_report)
     assert "+30.0 pp (n=1, no interval)" in md
 
 
-def test_running_cells_of_a_dead_sweep_read_killed(tmp_path):
+def test_running_cells_of_a_dead_sweep_read_interrupted(tmp_path):
     sweep = make_sweep(tmp_path / "sweep")
     (sweep / "sweep.lock").unlink()  # the sweep was SIGKILLed: no live lock holder
     (sweep / "runs" / "dir_fedavg_s1" / "status.json").unlink()  # killed before the run wrote its status
     write_report([sweep], tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert [c["status"] for c in group(summary, "dir_fedavg")["cells"]] == ["completed", "killed", "failed"]
+    assert [c["status"] for c in group(summary, "dir_fedavg")["cells"]] == ["completed", "interrupted", "failed"]
+    assert "dir_fedavg_s1 (group dir_fedavg, seed 1): interrupted: its sweep was killed; run the same `fedmech " \
+           "sweep` command again to continue it" in (tmp_path / "out" / "report.md").read_text().replace("\\", "")
+
+
+def test_a_run_whose_writer_died_reads_interrupted_with_the_resume_command(tmp_path):
+    """status.json says running, but its pid is gone from this host (a power cut of the
+    ServerApp, a full disk): the report says interrupted and how to continue it."""
+    sweep = make_sweep(tmp_path / "sweep")
+    run = sweep / "runs" / "dir_fedavg_s1"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps({**status, "pid": dead.pid, "host": socket.gethostname()}))
+    _, runs = read_inputs([run])
+    assert runs[0].status == "interrupted"
+    assert runs[0].error == f"its process ended without recording an outcome; continue it with `fedmech run --resume {run}`"
 
 
 def test_undefined_ious_are_counted_and_shown_as_undefined(sweep_report):
@@ -244,9 +261,9 @@ def test_published_values_sit_next_to_the_matching_groups(sweep_report):
     assert paper["eval.accuracy", None]["ours"] is None  # resnet10: no group
     assert paper["misalignment.ncm", None]["ours"] is None  # iid groups match but did not measure NCM
     md = (out / "report.md").read_text()
-    assert "| probe (%) | dir_fedavg | = 64.7 [1] | 70.0 (n=1, no interval) | +5.3 pp |" in md
-    assert "satisfied (< bound)" in md and "not satisfied (> bound)" in md and "no matching group" in md
-    assert "[1] shared/paper/v2_summary.txt (v2): “linear probe accuracy remains high and stable" in md
+    assert "| probe (%) | dir_fedavg | = 64.7 \\[1\\] | 70.0 (n=1, no interval) | +5.3 pp |" in md
+    assert "satisfied (&lt; bound)" in md and "not satisfied (&gt; bound)" in md and "no matching group" in md
+    assert "\\[1\\] shared/paper/v2_summary.txt (v2): “linear probe accuracy remains high and stable" in md
 
 
 def test_the_leaderboard_ranks_strategies_by_mean_accuracy(sweep_report):
