@@ -178,6 +178,9 @@ def _check_path_name(name: str, where: str) -> None:
 def _axis(name: str, keys: tuple[str, ...], points: list[tuple[str, tuple[Any, ...]]], where: str) -> Axis:
     if not points:
         raise ConfigError("an axis needs at least one value, got none", where)
+    if reserved := sorted({"seed", "name"} & set(keys)):
+        raise ConfigError(f"the sweep sets {reserved[0]} of every cell, which would replace this axis's values "
+                          "(seeds: [...] for seeds)", where)
     labels = [str(label) for label, _ in points]
     for label in labels:
         if not LABEL.fullmatch(label):

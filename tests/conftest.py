@@ -23,7 +23,8 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.reaper import MARKER
+from fedmech_flwr.launch import _descendants
+from fedmech_flwr.reaper import MARKER, launch_processes
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.wire import REPORT_KEY
 
@@ -259,13 +260,15 @@ def trained_cnn():
     return model.eval(), data
 
 
-def marked_processes() -> set[int]:
-    """Processes of any fedmech launch on this host (they carry the reaper's marker)."""
-    found = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+def launch_processes_of(root: int) -> set[int]:
+    """The processes of the launches that process ``root`` (a running ``fedmech`` command)
+    started: its descendants' private folders (their marker), then every process of those
+    launches by the reaper's rule. Another fedmech job on this host is never among them."""
+    folders = set()
+    for pid in _descendants(root):
         try:
-            if any(v.startswith(f"{MARKER}=".encode()) for v in environ.read_bytes().split(b"\0")):
-                found.add(int(environ.parent.name))
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-    return found
+        folders.update(Path(v.split(b"=", 1)[1].decode()) for v in env if v.startswith(f"{MARKER}=".encode()))
+    return {pid for folder in folders for pid in launch_processes(folder)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,106 @@ def test_run_of_a_good_config_gets_as_far_as_launch(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "launch", _no_launch)
     with pytest.raises(AssertionError, match="started Flower"):
         main(["run", "experiments/smoke.yaml", "--out", str(tmp_path)])
+
+
+
+# --- files and names the CLI refuses before anything starts -------------------------------
+
+SMOKE_TEXT = (REPO / "experiments" / "smoke.yaml").read_text()
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")) + "name: *i\n"
+"""A 9-level "billion laughs": 9^9 strings under ``name:`` once its aliases are expanded."""
+
+
+def _experiment(tmp_path: Path, text: str | bytes, name: str = "exp.yaml") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def _sweep(tmp_path: Path, text: str) -> Path:
+    return _experiment(tmp_path, text.replace("BASE", str(REPO / "experiments" / "smoke.yaml")), "sweep.yaml")
+
+
+BAD_FILES = [
+    # (id, commands, files to write, (fragments of the one line, naming the file or key))
+    ("duplicate top-level key", [["validate"], ["run"]],
+     lambda t: _experiment(t, SMOKE_TEXT + "federation: {num_clients: 2, num_rounds: 1}\n"),
+     ("key 'federation' appears twice, on line 13 and on line 16", "exp.yaml")),
+    ("duplicate nested key", [["validate"], ["run"]],
+     lambda t: _experiment(t, SMOKE_TEXT.replace("seed: 0", "seed: 0\nseed: 1")),
+     ("key 'seed' appears twice, on line 3 and on line 4", "exp.yaml")),
+    ("alias bomb under name", [["validate"], ["run"]],
+     lambda t: _experiment(t, SMOKE_TEXT.replace("name: smoke\n", "") + ALIAS_BOMB),
+     ("aliases expand to more than 100,000 nodes", "exp.yaml")),
+    ("not UTF-8", [["validate"], ["run"]],
+     lambda t: _experiment(t, SMOKE_TEXT.encode().replace(b"name: smoke", b"name: sm\xf6ke")),
+     ("not UTF-8 text: byte 96 (0xf6) cannot be decoded", "exp.yaml")),
+    ("a file that is not a mapping", [["validate"], ["run"]],
+     lambda t: _experiment(t, "just a sentence\n"), ("expected a mapping of keys", "got str 'just a sentence'")),
+    ("a sweep whose base is not a mapping", [["sweep"], ["sweep", "--dry-run"]],
+     lambda t: _sweep(t, f"base: {_experiment(t, 'just a sentence')}\n"),
+     ("expected a mapping of keys", "exp.yaml")),
+    ("a preset name that leaves --out", [["sweep", "--preset", "../../../p"], ["sweep", "--dry-run", "--preset", "../../../p"]],
+     lambda t: _sweep(t, 'base: BASE\npresets: {"../../../p": {set: {seed: 1}}}\n'),
+     ("'../../../p' names the sweep folder", "presets.../../../p")),
+    ("a grid axis the seeds would replace", [["sweep"], ["sweep", "--dry-run"]],
+     lambda t: _sweep(t, "base: BASE\ngrid: {seed: [1, 2]}\n"), ("the sweep sets seed of every cell", "grid.seed")),
+    ("--parallel 0 in a dry run", [["sweep", "--dry-run", "--parallel", "0"], ["sweep", "--parallel", "0"]],
+     lambda t: _sweep(t, "base: BASE\n"), ("--parallel must be >= 1, got 0",)),
+    ("--parallel -3 in a dry run", [["sweep", "--dry-run", "--parallel", "-3"], ["sweep", "--parallel", "-3"]],
+     lambda t: _sweep(t, "base: BASE\n"), ("--parallel must be >= 1, got -3",)),
+    ("run --out under a file", [["run", "--out", "{file}/runs"]],
+     lambda t: _experiment(t, SMOKE_TEXT), ("cannot write in", "(Not a directory); choose another --out")),
+    ("sweep --out under a file", [["sweep", "--out", "{file}/runs"], ["sweep", "--dry-run", "--out", "{file}/runs"]],
+     lambda t: _sweep(t, "base: BASE\n"), ("cannot write in", "choose another --out")),
+]
+
+
+@pytest.mark.parametrize(("commands", "write", "fragments"), [row[1:] for row in BAD_FILES],
+                         ids=[row[0] for row in BAD_FILES])
+def test_bad_files_and_names_are_refused_in_one_line_before_anything_starts(commands, write, fragments, capsys,
+                                                                              monkeypatch, tmp_path):
+    """Each exits 2 with one line naming the file or key, leaves no folder, starts nothing."""
+    import fedmech_flwr.cli as cli
+    import fedmech_flwr.sweep as sweep
+
+    monkeypatch.setattr(cli, "launch", _no_launch)
+    monkeypatch.setattr(sweep, "launch", _no_launch)
+    files = tmp_path / "files"
+    files.mkdir()
+    path = write(files)
+    out = tmp_path / "out"
+    (blocker := tmp_path / "a-file").write_text("not a folder")
+    for command in commands:
+        args = [a.replace("{file}", str(blocker)) for a in command[1:]]
+        if "--out" not in args:
+            args += ["--out", str(out)]
+        assert main([command[0], str(path), *args] if command[0] != "validate" else ["validate", str(path)]) \
+            == EXIT_BAD_INPUT, command
+        captured = capsys.readouterr()
+        assert not captured.out.startswith("OK"), command
+        [line] = captured.err.splitlines()
+        assert line.startswith("error: ") and all(f in line for f in fragments), (command, line)
+        assert len(line) < 600, line  # a bounded repr, whatever the value
+    assert not out.exists() and not (tmp_path / "p").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "files"]
+
+
+def test_out_on_a_read_only_file_system_is_one_line(tmp_path):
+    """A real read-only mount (a private mount namespace: nothing outside this test sees
+    it); skipped where unshare may not make one."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {ro}"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("unshare cannot mount a read-only tmpfs here")
+    script = (f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m fedmech_flwr.cli "
+              f"run experiments/smoke.yaml --out {ro}/runs")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"error: cannot write in {ro}/runs/smoke-") and "(Read-only file system)" in line, line
 
 
 # --- plot -------------------------------------------------------------------------------

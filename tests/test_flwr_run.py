@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_run, lost_bytes, marked_processes
+from conftest import assert_same_run, launch_processes_of, lost_bytes
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 
@@ -82,7 +82,6 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     """SIGKILL of the CLI alone: within 10 s nothing of its run is alive (the launch's
     reaper), and ``--resume`` ends bitwise as the uninterrupted run."""
     reference, _ = completed
-    before = marked_processes()
     proc = subprocess.Popen(fedmech_command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
@@ -91,8 +90,8 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed"
-    started = marked_processes() - before
-    assert started, "the run's helpers carry no marker"
+    started = launch_processes_of(proc.pid)
+    assert started, "no process of the run's launch was found"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 10

@@ -4,8 +4,10 @@ Engine runs are in test_deploy_node_data.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import zipfile
 
 import numpy as np
 import pytest
@@ -83,6 +85,31 @@ def test_bad_npz_is_refused_with_the_reason(tmp_path, make, message):
     with pytest.raises(NodeDataError) as err:
         load_node_data(path, GREY)
     assert message in str(err.value) and str(path) in str(err.value)
+
+
+def npz_with_header(path, x_shape: tuple[int, ...], x_bytes: bytes):
+    """An npz whose ``x`` header claims ``x_shape`` but holds ``x_bytes`` (a damaged or
+    hostile file: numpy would allocate the claimed shape first)."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": x_shape})
+    labels = io.BytesIO()
+    np.save(labels, LABELS)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + x_bytes)
+        archive.writestr("y.npy", labels.getvalue())
+    return path
+
+
+def test_an_npz_header_is_checked_before_anything_is_loaded(tmp_path):
+    huge = npz_with_header(tmp_path / "huge.npz", (10**12, 8, 8), bytes(12 * 64))
+    with pytest.raises(NodeDataError) as err:
+        load_node_data(huge, GREY)
+    assert str(err.value) == (f"{huge}: x's header claims shape (1000000000000, 8, 8) (64,000,000,000,000 bytes) but the "
+                              "file holds 768 bytes of it; the file was damaged: write it again")
+    wide = npz_with_header(tmp_path / "wide.npz", (12, 800, 800), bytes(12 * 800 * 800))
+    with pytest.raises(NodeDataError, match="x: images are 800x800 pixels, expected 8x8"):
+        load_node_data(wide, GREY)
+    assert load_node_data(npz_with_header(tmp_path / "ok.npz", (12, 8, 8), images().tobytes()), GREY).x.shape[0] == 12
 
 
 def save_image(path, mode: str = "L", size: int = 8) -> None:

@@ -345,6 +345,26 @@ def test_bad_input_names_the_file_and_key(tmp_path, capsys):
     assert "sweep.json: expected the manifest" in capsys.readouterr().err
 
 
+def test_markdown_embeds_text_from_runs_and_values_files_as_text(tmp_path):
+    """A values file's quote and a run's error cannot become HTML, a link or a table cell
+    in report.md, as they cannot in index.html."""
+    values = yaml.safe_load(PAPER.read_text())
+    values["values"][0]["source"]["quote"] = "<script>alert(1)</script> [x](javascript:alert(2)) | cell"
+    (paper := tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    sweep = make_sweep(tmp_path / "sweep")
+    status = json.loads((sweep / "runs" / "dir_fedavg_s2" / "status.json").read_text())
+    (sweep / "runs" / "dir_fedavg_s2" / "status.json").write_text(json.dumps(
+        {**status, "error": "<iframe src=https://example.invalid></iframe>\n| a | b |"}))
+    write_report([sweep], tmp_path / "out", paper_file=paper)
+    md = (tmp_path / "out" / "report.md").read_text()
+    for raw in ("<script", "</script>", "<iframe", " | cell", "\n| a | b |"):
+        assert raw not in md, raw
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; \\[x\\](javascript:alert(2)) \\| cell" in md
+    assert "&lt;iframe src=https://example.invalid&gt;&lt;/iframe&gt; \\| a \\| b \\|" in md
+    html_page = (tmp_path / "out" / "index.html").read_text()
+    assert "<script" not in html_page and "<iframe" not in html_page
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")
 def test_the_page_opens_in_a_headless_browser(sweep_report, tmp_path):
     from playwright.sync_api import sync_playwright

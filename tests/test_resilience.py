@@ -35,6 +35,7 @@ from fedmech_flwr.launch import LaunchResult
 from fedmech_flwr.protocol import ClientFailure, failure_reason
 from fedmech_flwr.run_folder import (
     LOCK_FILE,
+    METRICS_FILE,
     REASON_MAX_CHARS,
     STATE_FILE,
     RunFolder,
@@ -566,3 +567,89 @@ def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
         write_atomic(path, half_then_killed)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.glob(TEMPORARY_GLOB)] == [".tmp.status.json"]
+
+
+# --- status.json is never left "running" by a process that has ended -------------------
+
+NO_SPACE = OSError(28, "No space left on device")
+
+
+def test_a_run_that_fails_after_its_last_round_is_marked_failed_with_the_reason(tmp_path, monkeypatch):
+    """Disk full while drawing the final plots: the run's status says failed, and why."""
+    import fedmech_flwr.server as server
+
+    def full_disk(run_dir, *args, **kwargs):
+        raise NO_SPACE
+
+    monkeypatch.setattr(server, "plot_run", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_in_process(smoke_config(), tmp_path)
+    [run] = run_folders(tmp_path)
+    status = read_status(run)
+    assert status["status"] == "failed"
+    assert status["error"] == ("after the last round, drawing the final plots or writing the status: "
+                               "OSError: [Errno 28] No space left on device")
+    assert (run / "model_final.safetensors").is_file()  # the rounds' work is all there
+
+
+def test_a_resume_that_fails_while_rewinding_is_marked_failed(smoke_run, tmp_path, monkeypatch):
+    run = killed_copy(smoke_run, tmp_path)
+    monkeypatch.setattr(RunFolder, "rewind", lambda self, last_round: (_ for _ in ()).throw(NO_SPACE))
+    with pytest.raises(OSError, match="No space left"):
+        resume_in_process(run)
+    assert read_status(run) | {"pid": 0, "host": "", "updated_at": ""} == {
+        "status": "failed", "error": "OSError: [Errno 28] No space left on device", "pid": 0, "host": "",
+        "updated_at": ""}
+
+
+def test_the_cli_marks_a_run_failed_whose_serverapp_ended_without_a_status(tmp_path, capsys, monkeypatch):
+    """Even the status write failed in the ServerApp (a full disk it later had room on
+    again): the CLI finds "running" by a dead process and records the failure."""
+    def launch_whose_server_died(run_config, *args, **kwargs):
+        run = Path(run_config["run-dir"])
+        run.mkdir(parents=True, exist_ok=True)
+        as_killed(run)
+        return LaunchResult(7, "finished:failed")
+
+    monkeypatch.setattr(cli, "launch", launch_whose_server_died)
+    assert main(["run", str(SMOKE), "--out", str(tmp_path)]) == EXIT_FAILED
+    [run] = run_folders(tmp_path)
+    reason = "the ServerApp ended without recording an outcome (Flower: finished:failed); its log is above"
+    assert read_status(run)["status"] == "failed" and read_status(run)["error"] == reason
+    out, err = capsys.readouterr()
+    assert f"run folder {run}: failed" in out and err.strip() == f"Error: {reason}"
+
+
+# --- resume checks everything before Flower starts -------------------------------------
+
+@pytest.mark.parametrize("damage", [b'{"kind": "eval"}\n', b"\xff\xfe garbage\n", b'{"kind": "eval", "round": 9}\n'
+                                    b"not json\n" b'{"kind": "eval", "round": 9}\n'],
+                         ids=["last line not a record", "last line not UTF-8 (torn: skipped)", "line before the end"])
+def test_cli_resume_checks_the_records_before_flower_starts(smoke_run, tmp_path, capsys, monkeypatch, damage):
+    run = killed_copy(smoke_run, tmp_path).resolve()
+    lines = len((run / METRICS_FILE).read_bytes().splitlines())
+    with open(run / METRICS_FILE, "ab") as fh:
+        fh.write(damage)
+    status = (run / "status.json").read_bytes()
+    started = []
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: started.append(1) or LaunchResult(None, "not started"))
+    code = main(["run", "--resume", str(run)])
+    if b"\xff" in damage:  # a kill can cut a multi-byte character: the torn last line is skipped, as any
+        assert started
+        return
+    assert code == EXIT_BAD_INPUT and not started
+    [line] = capsys.readouterr().err.splitlines()
+    bad = lines + (1 if damage.startswith(b'{"kind": "eval"}') else 2)
+    assert line.startswith(f"error: {run / METRICS_FILE}, line {bad}: expected "), line
+    assert line.endswith(f"; the file was damaged: restore it or delete that line, then run `fedmech run --resume "
+                         f"{run}` again"), line
+    assert (run / "status.json").read_bytes() == status and not (run / LOCK_FILE).exists()
+
+
+def test_cli_resume_of_a_damaged_status_file_exits_2(smoke_run, tmp_path, capsys, monkeypatch):
+    run = killed_copy(smoke_run, tmp_path).resolve()
+    (run / "status.json").write_bytes(b'{"status": "runn')
+    monkeypatch.setattr(cli, "launch", lambda *_, **__: pytest.fail("Flower was started"))
+    assert main(["run", "--resume", str(run)]) == EXIT_BAD_INPUT
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {run / 'status.json'} is not JSON (") and "to resume the run" in line

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_same_run, marked_processes
+from conftest import REPO, assert_same_run, launch_processes_of
 from fedmech_flwr.report import write_report
 from fedmech_flwr.run_folder import STATE_FILE, process_alive
 
@@ -33,15 +33,14 @@ def sweep_command(out: Path, *extra: str) -> list[str]:
 def start_and_stop_at(out: Path, cell: str, sig: signal.Signals) -> subprocess.Popen:
     """Start the sweep, send ``sig`` once ``cell`` has committed a round, and check that
     within 10 s nothing the sweep started is alive."""
-    before = marked_processes()
     proc = subprocess.Popen(sweep_command(out), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     state = out / "smoke-sweep" / "runs" / cell / STATE_FILE
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and not state.exists():
         time.sleep(0.05)
     assert proc.poll() is None, f"the sweep ended before {cell} could be stopped:\n{proc.stdout.read()}"
-    started = marked_processes() - before
-    assert started, "the sweep's helpers carry no marker"
+    started = launch_processes_of(proc.pid)
+    assert started, "no process of the sweep's launches was found"
     proc.send_signal(sig)
     proc.wait(timeout=60)
     deadline = time.monotonic() + 10
@@ -94,26 +93,3 @@ def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(refere
     assert summary == json.loads((tmp_path / "report-reference" / "summary.json").read_text())
     assert [g["completed"] for g in summary["groups"]] == [2, 2]
 
-
-def test_helpers_of_a_killed_run_do_not_outlive_it(tmp_path):
-    """The reaper alone: a launch whose owner dies by SIGKILL leaves no process and no
-    private folder behind."""
-    code = ("import time, tempfile, pathlib, subprocess, os\n"
-            "from fedmech_flwr.reaper import start_reaper, MARKER\n"
-            f"home = pathlib.Path({str(tmp_path)!r}) / 'home'; home.mkdir()\n"
-            "start_reaper(home)\n"
-            "env = {**os.environ, MARKER: str(home)}\n"
-            "subprocess.Popen(['sleep', '300'], env=env, start_new_session=True)\n"
-            "print('ready', flush=True); time.sleep(300)\n")
-    owner = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert owner.stdout.readline().strip() == "ready"
-    sleeper = [pid for pid in marked_processes() if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
-               and str(tmp_path).encode() in Path(f"/proc/{pid}/environ").read_bytes()]
-    assert len(sleeper) == 1
-    os.kill(owner.pid, signal.SIGKILL)
-    owner.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (process_alive(sleeper[0]) or (tmp_path / "home").exists()):
-        time.sleep(0.1)
-    assert not process_alive(sleeper[0])
-    assert not (tmp_path / "home").exists()
