@@ -1,5 +1,5 @@
 # The two commands of the README, and their parts.
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-fast bench
 
 setup:
 	bash scripts/setup.sh
@@ -11,6 +11,10 @@ demo: setup
 # The test suite (what .ci/run calls).
 test:
 	.venv/bin/python -m pytest -q
+
+# The inner loop: unit and in-process tests, no real Flower/Ray launch and no big dataset.
+test-fast:
+	.venv/bin/python -m pytest -q -m "not integration"
 
 bench:
 	.venv/bin/python benchmarks/throughput.py

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.reaper import MARKER, start_reaper
+from fedmech_flwr.reaper import MARKER, kill_launch, start_reaper
 from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive
 
 log = logging.getLogger(__name__)
@@ -242,9 +242,11 @@ class _LocalFlower:
 
     def close(self) -> None:
         """Stop every process started here, newest first (SuperNodes before the SuperLink),
-        then the reaper, which has nothing left to do."""
+        then whatever of the launch their parents left behind (by the reaper's rule), then
+        the reaper, which has nothing left to do."""
         for proc in reversed(self.procs):
             _stop(proc)
+        kill_launch(self.home)
         self.reaper.kill()
         self.reaper.wait()
 
@@ -393,7 +395,7 @@ def _keep_logs(flower: _LocalFlower, run_dir: Path) -> None:
         log.warning("no run folder at %s; the SuperLink log ends with:\n%s", run_dir, flower.tail("superlink"))
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux /proc; empty elsewhere). The SuperLink starts
     the simulation (and so Ray) in sessions of their own, out of reach of killpg."""
     children: dict[int, list[int]] = {}
@@ -414,7 +416,7 @@ def _descendants(pid: int) -> list[int]:
 def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """Stop a process and everything it started (simulation, Ray, ClientApps): SIGTERM,
     then SIGKILL to whatever is still alive after ``grace_s``."""
-    pids = [proc.pid, *_descendants(proc.pid)]
+    pids = [proc.pid, *descendants(proc.pid)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:

@@ -68,9 +68,8 @@ def launch_processes(folder: Path) -> list[int]:
     return found
 
 
-def reap(folder: Path) -> None:
-    """SIGKILL every process of the launch until none is left (they may still be
-    forking), then remove ``folder``."""
+def kill_launch(folder: Path) -> None:
+    """SIGKILL every process of the launch until none is left (they may still be forking)."""
     deadline = time.monotonic() + KILL_TIMEOUT_S
     while (pids := launch_processes(folder)) and time.monotonic() < deadline:
         for pid in pids:
@@ -79,6 +78,11 @@ def reap(folder: Path) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.2)
+
+
+def reap(folder: Path) -> None:
+    """Kill the launch of ``folder``, then remove the folder."""
+    kill_launch(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 

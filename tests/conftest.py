@@ -23,7 +23,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.launch import _descendants
+from fedmech_flwr.launch import descendants
 from fedmech_flwr.reaper import MARKER, launch_processes
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.wire import REPORT_KEY
@@ -265,7 +265,7 @@ def launch_processes_of(root: int) -> set[int]:
     started: its descendants' private folders (their marker), then every process of those
     launches by the reaper's rule. Another fedmech job on this host is never among them."""
     folders = set()
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:

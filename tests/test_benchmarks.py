@@ -58,3 +58,16 @@ def test_circuits_agreement(capsys):
     assert "circuits mean IoU paper, fast path vs paper, conv outputs" in out
     assert "grouped forward: yes" in out  # pruned: the fast path
     assert "numbers inside" in out and "probe accuracy" in out
+
+
+@pytest.mark.integration
+def test_startup(capsys):
+    """One lone run and a 2-cell sweep: every phase is found in the logs and adds up."""
+    load("startup").main(["--repeats", "1", "--cells", "2", "--warm-up", "0"])
+    out = capsys.readouterr().out
+    lone = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[1:12]}
+    assert list(lone) == ["wall", "strategy", "fixed", "start", "submit", "simulate", "serverapp", "ray", "rounds",
+                          "finish", "shutdown"]
+    phases = sum(lone[k] for k in ("start", "submit", "simulate", "serverapp", "ray", "rounds", "finish", "shutdown"))
+    assert phases == pytest.approx(lone["wall"], abs=0.05) and 0 < lone["strategy"] < lone["wall"]
+    assert "first cell" in out and "cell 2" in out and "fixed cost per cell after the first" in out
