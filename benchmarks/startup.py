@@ -17,7 +17,8 @@ lines arrive (lines the product and Flower print anyway):
 
     python benchmarks/startup.py [--repeats 3] [--cells 4] [--warm-up 1]
 
-Medians (min-max) over the repeats; nothing here gates on time.
+Flower streams a run's log in batches of about a second, so each phase is +-1 s. Medians
+(min-max) over the repeats; nothing here gates on time.
 """
 
 from __future__ import annotations

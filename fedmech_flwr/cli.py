@@ -45,9 +45,9 @@ from fedmech_flwr.run_folder import (
     STATE_FILE,
     FolderLock,
     RunFolder,
-    process_alive,
     read_records,
     read_status,
+    settle_status,
 )
 from fedmech_flwr.typed import describe_fields
 
@@ -202,14 +202,7 @@ def _report(result: LaunchResult, run_dir: Path) -> int:
     """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``.
     A folder still "running" after its ServerApp ended is marked failed here, so no status
     outlives its writer."""
-    status = read_status(run_dir)
-    if status["status"] == "running" and not process_alive(status.get("pid", -1)):
-        try:
-            RunFolder(run_dir).set_status("failed", f"the ServerApp ended without recording an outcome (Flower: "
-                                                    f"{result.status}); its log is above")
-        except OSError as err:
-            print(f"warning: could not mark {run_dir} failed: {err}", file=sys.stderr)
-    folder_status = read_status(run_dir)["status"]
+    folder_status = settle_status(run_dir, result.status)["status"]
     print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
     if result.ok and folder_status == "completed":
         print(f"Run folder: {run_dir}")

@@ -66,6 +66,7 @@ from fedmech_flwr.run_folder import (
     process_alive,
     read_records,
     read_status,
+    settle_status,
 )
 from fedmech_flwr.typed import parse_dataclass
 
@@ -470,6 +471,8 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         elif result.ok and status["status"] == "completed":
             outcome = Outcome(cell, "completed", seconds)
         else:
+            if status["status"] == "running":
+                status = settle_status(run_dir, result.status)
             reason = status.get("error") or f"Flower run status {result.status}, run folder {status['status']}"
             outcome = Outcome(cell, "failed", seconds, f"{reason} (log: {folder / LOGS_DIR / cell.name}.log)")
         manifest.update(cell.name, status=outcome.status, error=outcome.error,

@@ -614,7 +614,7 @@ def test_the_cli_marks_a_run_failed_whose_serverapp_ended_without_a_status(tmp_p
     monkeypatch.setattr(cli, "launch", launch_whose_server_died)
     assert main(["run", str(SMOKE), "--out", str(tmp_path)]) == EXIT_FAILED
     [run] = run_folders(tmp_path)
-    reason = "the ServerApp ended without recording an outcome (Flower: finished:failed); its log is above"
+    reason = "the ServerApp ended without recording an outcome (Flower: finished:failed); see its log"
     assert read_status(run)["status"] == "failed" and read_status(run)["error"] == reason
     out, err = capsys.readouterr()
     assert f"run folder {run}: failed" in out and err.strip() == f"Error: {reason}"
