@@ -1,5 +1,6 @@
 """The reaper: whatever kills a launch's owner, the launch's processes die with it, even
-those whose environment lost the marker (Ray's agents), and no other job's process does."""
+those whose environment lost the marker (Ray's agents), and no other job's process does;
+nor does a test that watches a launch count another job's processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, launch_processes_of
 from fedmech_flwr.reaper import MARKER, launch_processes
 from fedmech_flwr.run_folder import process_alive
 
@@ -24,7 +25,8 @@ def start(cmd, env, cwd):  # each in a session of its own, as the SuperLink star
 pids = [
     start(["sleep", "300"], {**os.environ, MARKER: str(home)}, home),  # marked, as every launched process
     start(["sleep", "300"], {}, home),  # environment wiped (Ray's agents): its working directory is the launch's
-    start(["sh", "-c", "sleep 300", str(home / "ray" / "session")], {}, "/"),  # named on its command line only
+    start([sys.executable, "-c", "import time; time.sleep(300)", str(home / "ray" / "session")], {}, "/"),  # named
+    # on its command line only
 ]
 print(*pids, flush=True)
 time.sleep(300)
@@ -43,6 +45,8 @@ def test_a_killed_owners_launch_dies_and_no_other_jobs_process_does(tmp_path):
         assert len(ours) == 3
         assert set(ours) <= set(launch_processes(home))
         assert foreign[0].pid not in launch_processes(home)
+        mine = launch_processes_of(owner.pid)  # what the tests that kill a real launch watch
+        assert set(ours) <= mine and foreign[0].pid not in mine
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
         deadline = time.monotonic() + 5
