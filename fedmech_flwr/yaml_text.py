@@ -3,7 +3,8 @@
 
 PyYAML's safe loader accepts what a config cannot mean: a key written twice (the second
 block silently replaces the first whole), aliases that expand to billions of nodes (a few
-lines that take minutes and gigabytes to walk or print), and bytes that are not UTF-8.
+lines that take minutes and gigabytes to walk or print), bytes that are not UTF-8, and
+nesting deep enough to overflow Python's stack.
 Each is a ``ConfigError`` here, naming the file and the lines or byte.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.errors import ConfigError, brief
 
 MAX_NODES = 100_000
 """The most nodes a document may hold with its aliases expanded (configs have hundreds)."""
@@ -40,7 +41,7 @@ class _StrictLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the safe loader refuses it below
                 continue
             if earlier is not None:
-                raise ConfigError(f"key {key!r} appears twice, on line {earlier} and on line {line}: the second "
+                raise ConfigError(f"key {brief(key)} appears twice, on line {earlier} and on line {line}: the second "
                                   "would silently replace the first; keep one", self.source)
             first_line[key] = line
         return super().construct_mapping(node, deep)
@@ -76,6 +77,8 @@ def load_yaml(text: str, source: str) -> Any:
         return loader.construct_document(node)
     except yaml.YAMLError as err:
         raise ConfigError(f"cannot parse YAML: {' '.join(str(err).split())}", source) from err
+    except RecursionError:
+        raise ConfigError("nested too deeply to be a config (hundreds of levels)", source) from None
     finally:
         loader.dispose()
 
