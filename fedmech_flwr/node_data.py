@@ -143,9 +143,10 @@ def _check_npz_headers(path: Path, spec: NodeDataSpec) -> None:
     for x_key, y_key in (("x", "y"), ("x_val", "y_val")):
         if x_key in headers and y_key in headers:
             _check_layout(path, spec, x_key, *headers[x_key], y_key, *headers[y_key])
-    if claimed > memory_available_gib() * 2**30:
-        raise NodeDataError(f"{path} holds {claimed / 2**30:.1f} GiB of arrays and this node has "
-                            f"{memory_available_gib():.1f} GiB free; give it fewer samples")
+    free_gib = memory_available_gib()
+    if claimed > free_gib * 2**30:
+        raise NodeDataError(f"{path} holds {claimed / 2**30:.1f} GiB of arrays and this node has {free_gib:.1f} GiB "
+                            "free; give it fewer samples")
 
 
 def _read_npz(path: Path, spec: NodeDataSpec) -> dict[str, np.ndarray]:
