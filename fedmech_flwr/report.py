@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import re
-import socket
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -44,9 +43,9 @@ from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
     PARTITIONS_FILE,
-    process_alive,
     read_records,
     read_status,
+    writer_gone,
 )
 from fedmech_flwr.stats import mean_ci
 from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
@@ -210,8 +209,7 @@ def _open_run(run: Run, claimed: str | None = None) -> None:
     run.status = status["status"]
     if run.status != "completed" and claimed in ("failed", "interrupted"):
         run.status = claimed
-    elif run.status == "running" and status.get("host") == socket.gethostname() \
-            and not process_alive(status.get("pid", -1)):
+    elif writer_gone(status):
         run.status = "interrupted"
         run.error = ("its process ended without recording an outcome; continue it with "
                      f"`fedmech run --resume {run.path}`")

@@ -489,13 +489,19 @@ class RunFolder:
         write_text_atomic(self.path / STATUS_FILE, json.dumps(payload, indent=1))
 
 
+def writer_gone(status: dict[str, Any]) -> bool:
+    """Whether a status.json says running while the process that wrote it is gone from
+    this host (another host's processes cannot be seen from here: never gone)."""
+    return (status["status"] == "running" and status.get("host") == socket.gethostname()
+            and not process_alive(status.get("pid", -1)))
+
+
 def settle_status(run_dir: str | Path, flower_status: str) -> dict[str, Any]:
     """The run folder's status once Flower has ended its run: a "running" whose writer is
     gone from this host (its ServerApp died before it could say how it ended) becomes
     "failed" with that reason, so no status outlives its writer."""
     status = read_status(run_dir)
-    if (status["status"] == "running" and status.get("host") == socket.gethostname()
-            and not process_alive(status.get("pid", -1))):
+    if writer_gone(status):
         reason = f"the ServerApp ended without recording an outcome (Flower: {flower_status}); see its log"
         try:
             RunFolder(Path(run_dir)).set_status("failed", reason)
