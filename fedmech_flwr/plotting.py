@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -93,23 +95,30 @@ def heatmap(
 
 def band_plot(
     lines: dict[str, list[tuple[int, float, float, float]]], title: str, ylabel: str, path: Path,
-    ylim: tuple[float, float] | None = None,
+    ylim: tuple[float, float] | None = None, flagged: dict[str, set[int]] | None = None, flag_label: str = "flagged",
 ) -> Path:
     """One line per series of (round, mean, low, high) points with the band low..high
     shaded; when every series has one and the same round, side-by-side error bars instead
-    (a band of one point has no width). The legend sits to the right of the axes, so long
+    (a band of one point has no width). Points at ``flagged[series]`` rounds are ringed in
+    red (``flag_label`` in the legend). The legend sits to the right of the axes, so long
     labels stay readable."""
     fig = Figure(figsize=(9.5, 4.4), layout="constrained")
     ax = fig.subplots()
     single = len({point[0] for series in lines.values() for point in series}) == 1
+    any_ringed = False
     for i, (label, points) in enumerate(lines.items()):
         rounds, mean, low, high = (np.array(v, dtype=float) for v in zip(*sorted(points)))
+        x = rounds + 0.6 * ((i + 0.5) / len(lines) - 0.5) if single else rounds
         if single:
-            x = rounds + 0.6 * ((i + 0.5) / len(lines) - 0.5)
             ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", markersize=4, capsize=3, label=label)
-            continue
-        (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
-        ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        else:
+            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
+            ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        ringed = np.isin(rounds, sorted((flagged or {}).get(label, ())))
+        if ringed.any():
+            ax.plot(x[ringed], mean[ringed], "o", markersize=10, markerfacecolor="none", markeredgecolor="red",
+                    markeredgewidth=1.5, label=flag_label if not any_ringed else None)
+            any_ringed = True
     ax.set(title=title, xlabel="round", ylabel=ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     rounds = {points[0] for series in lines.values() for points in series}
@@ -119,6 +128,66 @@ def band_plot(
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return save_figure(fig, path)
+
+
+@dataclass
+class LevelPanel:
+    """One panel of ``level_plot``: series of points at named levels (e.g. skew levels)."""
+
+    title: str
+    levels: list[str]
+    series: dict[tuple[str, bool], list[tuple[int, float, float | None, str | None]]] = field(default_factory=dict)
+    """(name, control) -> points (level index, mean, 95% half-width or None, flag or None);
+    a control series (e.g. the dense model) is drawn hollow and dashed."""
+    published: list[tuple[int, float, str]] = field(default_factory=list)
+    """(level index, value, series name): values to compare with, drawn as stars."""
+
+
+def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_label: str, control_label: str,
+               ylim: tuple[float, float] | None = None) -> Path:
+    """Per panel, each series' mean with its interval as error bars against the levels, one
+    colour per series name; flagged points ringed red with their flag written beside;
+    published values as black-edged stars in the colour of their series."""
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(6.2 * cols + 2.2, 4.2 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    names = list(dict.fromkeys(name for p in panels for name, _ in p.series))
+    colours = {name: f"C{i}" for i, name in enumerate(names)}
+    handles, marks = {}, {}  # the series, then the marks (flags, published values)
+    for ax, panel in zip(axes, panels):
+        keys = list(panel.series)
+        for k, (name, control) in enumerate(keys):
+            points = sorted(panel.series[(name, control)])
+            offset = 0.5 * ((k + 0.5) / len(keys) - 0.5)
+            x = np.array([p[0] for p in points], dtype=float) + offset
+            mean = np.array([p[1] for p in points])
+            half = np.array([np.nan if p[2] is None else p[2] for p in points])
+            bars = ax.errorbar(x, mean, yerr=np.nan_to_num(half), fmt="s--" if control else "o-", color=colours[name],
+                               markerfacecolor="white" if control else colours[name], markersize=6, capsize=3,
+                               linewidth=1.0, alpha=0.9)
+            handles.setdefault(f"{name}{' (' + control_label + ')' if control else ''}", bars)
+            for xi, m, p in zip(x, mean, points):
+                if p[3]:
+                    ring = ax.plot(xi, m, "o", markersize=14, markerfacecolor="none", markeredgecolor="red",
+                                   markeredgewidth=1.5)[0]
+                    marks.setdefault("flagged (see the note)", ring)
+                    ax.annotate(p[3], (xi, m), textcoords="offset points", xytext=(8, -12), fontsize=7, color="red")
+        for level, value, name in panel.published:
+            star = ax.plot(level + 0.32, value, "*", markersize=13, color=colours.get(name, "black"),
+                           markeredgecolor="black")[0]
+            marks.setdefault(published_label, star)
+        ax.set_xticks(range(len(panel.levels)), panel.levels)
+        ax.set_xlim(-0.6, len(panel.levels) - 0.4)
+        ax.set(title=panel.title, ylabel=ylabel)
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    handles.update(marks)
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8, frameon=False)
     return save_figure(fig, path)
 
 

@@ -29,6 +29,7 @@ import math
 import re
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import BadFileError, ConfigError
 from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.plotting import band_plot, heatmap
+from fedmech_flwr.plotting import LevelPanel, band_plot, heatmap, level_plot
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
@@ -47,8 +48,10 @@ from fedmech_flwr.run_folder import (
     read_status,
     writer_gone,
 )
-from fedmech_flwr.stats import mean_ci
+from fedmech_flwr.published import PaperValue, PaperValues, Verdict, read_paper_values, verdict
+from fedmech_flwr.stats import difference_ci, mean_ci
 from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
+from fedmech_flwr.training import DEGENERATE_FRACTION
 from fedmech_flwr.yaml_text import read_yaml_file
 
 log = logging.getLogger(__name__)
@@ -72,21 +75,55 @@ class Metric:
     decimals: int = 1
     empty: tuple[str, ...] | None = None
     """Keys to the count of empty circuits, reported next to an IoU."""
+    per: tuple[str, ...] | None = None
+    """Keys to a denominator: the value is ``path / per`` (e.g. shared concepts / dictionary size)."""
+    flag: Callable[[dict[str, Any]], str | None] | None = None
+    """The validity rule: a record's flag (e.g. "one class") when the value must not be read
+    as a measurement; a flagged value is marked wherever shown and satisfies no bound."""
 
     def display(self, value: float) -> float:
         return 100 * value if self.unit in ("%", "pp") else value
 
 
+def one_class(*heads: tuple[str, ...]) -> Callable[[dict[str, Any]], str | None]:
+    """Flag a value that rests on a one-class predictor: any of ``heads`` (paths to scores
+    with ``max_predicted_fraction``) predicts one class for more than ``DEGENERATE_FRACTION``
+    of the test images."""
+    def rule(record: dict[str, Any]) -> str | None:
+        fractions = [_lookup(record, (*head, "max_predicted_fraction")) for head in heads]
+        return "one class" if any(isinstance(f, float) and f > DEGENERATE_FRACTION for f in fractions) else None
+    return rule
+
+
+def mostly_empty(key: str) -> Callable[[dict[str, Any]], str | None]:
+    """Flag an IoU of which at least half the circuits behind it are empty (an empty
+    circuit's IoU with any other is 0 or undefined: it measures emptiness, not overlap)."""
+    def rule(record: dict[str, Any]) -> str | None:
+        pairs = sum(v for part in ("pairs", "undefined") if isinstance(v := _lookup(record, (part, key)), float))
+        empty = _lookup(record, ("empty", key))
+        return "mostly empty circuits" if pairs and isinstance(empty, float) and empty >= pairs else None
+    return rule
+
+
+def not_fit(record: dict[str, Any]) -> str | None:
+    """Flag a USAE whose dictionary does not reconstruct its models (``fit`` false)."""
+    return "USAE not fit" if record.get("fit") is False else None
+
+
 def _misalignment(label: str, key: str) -> Metric:
-    return Metric(label, "misalignment", (key, "accuracy"), "%")
+    return Metric(label, "misalignment", (key, "accuracy"), "%", flag=one_class((key,)))
 
 
 def _circuit_iou(label: str, key: str) -> Metric:
-    return Metric(label, "circuits", ("mean", key), "IoU", 2, ("empty", key))
+    return Metric(label, "circuits", ("mean", key), "IoU", 2, ("empty", key), flag=mostly_empty(key))
+
+
+def _usae(label: str, path: tuple[str, ...], unit: str, per: tuple[str, ...] | None = None) -> Metric:
+    return Metric(label, "usae", path, unit, 1 if unit == "%" else 2, per=per, flag=not_fit)
 
 
 METRICS: dict[str, Metric] = {
-    "eval.accuracy": Metric("global test accuracy", "eval", ("accuracy",), "%"),
+    "eval.accuracy": Metric("global test accuracy", "eval", ("accuracy",), "%", flag=one_class(())),
     "eval.sparsity": Metric("actual sparsity", "eval", ("sparsity",), "%", 2),
     "misalignment.global": _misalignment("global", "global"),
     "misalignment.probe": _misalignment("probe", "probe"),
@@ -95,27 +132,55 @@ METRICS: dict[str, Metric] = {
     "misalignment.ncm": _misalignment("NCM", "ncm"),
     "misalignment.ccvr": _misalignment("CCVR", "ccvr"),
     "misalignment.tau_norm": _misalignment("tau-norm", "tau_norm"),
-    "misalignment.gaps.probe": Metric("probe − global", "misalignment", ("gaps", "probe"), "pp"),
-    "misalignment.gaps.realigned": Metric("realigned − global", "misalignment", ("gaps", "realigned"), "pp"),
+    "misalignment.gaps.probe": Metric("probe − global", "misalignment", ("gaps", "probe"), "pp",
+                                      flag=one_class(("global",), ("probe",))),
+    "misalignment.gaps.realigned": Metric("realigned − global", "misalignment", ("gaps", "realigned"), "pp",
+                                          flag=one_class(("global",), ("realigned",))),
     "circuits.intra_client": _circuit_iou("intra-client", "intra_client"),
     "circuits.inter_client": _circuit_iou("inter-client", "inter_client"),
     "circuits.local_to_global": _circuit_iou("local-to-global", "local_to_global"),
-    "usae.overlap": Metric("shared / alive concepts (fires once)", "usae", ("overlap", "fires_once", "overlap"), "%"),
-    "usae.overlap_thresholded": Metric("shared / alive concepts (above threshold)", "usae",
-                                       ("overlap", "thresholded", "overlap"), "%"),
-    "usae.r2_cross_mean": Metric("mean cross reconstruction", "usae", ("r2_cross_mean",), "R^2", 2),
+    "usae.shared_of_dictionary": _usae("shared concepts / dictionary size (fires once)",
+                                       ("overlap", "fires_once", "shared"), "%", per=("dict_size",)),
+    "usae.overlap": _usae("shared / alive concepts (fires once; the project's rule)",
+                          ("overlap", "fires_once", "overlap"), "%"),
+    "usae.overlap_thresholded": _usae("shared / alive concepts (above threshold; the project's rule)",
+                                      ("overlap", "thresholded", "overlap"), "%"),
+    "usae.r2_cross_mean": _usae("mean cross reconstruction", ("r2_cross_mean",), "R^2"),
 }
 """Every number the report summarises, keyed as in summary.json and the paper-values file;
-values are in the unit shown (percent, percentage points, IoU or R^2)."""
+values are in the unit shown (percent, percentage points, IoU or R^2). The USAE's concept
+rules (fires at least once, above a threshold) are the project's: the paper's texts state
+none."""
 
 TABLES = {"eval": "Global model", "misalignment": "Preserved or misaligned (misalignment diagnostic)",
           "circuits": "Circuit IoU (circuits diagnostic)", "usae": "Universal SAE (usae diagnostic)"}
 CURVES = [("accuracy", "eval.accuracy", (0.0, 100.0)), ("probe_gap", "misalignment.gaps.probe", None),
           *[(f"circuits_{k}", f"circuits.{k}", (0.0, 1.05)) for k in ("intra_client", "inter_client",
                                                                         "local_to_global")]]
-"""Per-round figures: file stem, metric, y range."""
-RELATIONS = ("=", "≈", "<", ">")
+"""Per-round figures: file stem, metric, y range. A metric measured at fewer than
+``MIN_CURVE_ROUNDS`` rounds gets no curve (the headline figure and the tables show it)."""
+MIN_CURVE_ROUNDS = 3
+HEADLINE = ("misalignment.global", "misalignment.probe", "misalignment.realigned")
+"""The paper's claim in one figure: these accuracies against the skew level."""
+PROTOCOL = [("clients", "federation.num_clients"), ("rounds", "federation.num_rounds"),
+            ("local epochs", "train.epochs"), ("samples per client round", "train.max_samples_per_round"),
+            ("sparsity target", "pruning.target_sparsity")]
+"""A group's protocol on the page: label and config key; the model, the actual sparsity and
+the seeds follow, and the published values' protocols may add keys."""
+NULL_SETTINGS = {"train.max_samples_per_round": "full shards"}
+"""What a null protocol setting means, where it is not "none"."""
+AXIS_NAMES = {"data.dataset": "dataset", "data.partition": "label skew", "pruning.mode": "pruning",
+              "pruning.target_sparsity": "sparsity target", "federation.num_rounds": "rounds",
+              "federation.num_clients": "clients", "train.epochs": "local epochs", "train.lr": "learning rate"}
+"""Readable names of config keys used as axes; others show their last component."""
+DEGENERATE_NOTE = (f"⚑ one class k/n: in k of the n seeds the model predicts one class for more than "
+                   f"{DEGENERATE_FRACTION:.0%} of the test images; its column averages such predictors")
 _ABSENT = object()
+
+
+def axis_name(key: str) -> str:
+    """A sweep axis (``data.partition+pruning.mode``) as a column header (``label skew + pruning``)."""
+    return " + ".join(AXIS_NAMES.get(part, part.rsplit(".", 1)[-1].replace("_", " ")) for part in key.split("+"))
 
 
 # --- runs, sweeps and groups ------------------------------------------------------------
@@ -160,6 +225,19 @@ class Stat:
     """Empty circuits, summed over the runs (IoUs only)."""
     rounds: list[int] = field(default_factory=list)
     """The final rounds the values come from."""
+    flags: dict[str, int] = field(default_factory=dict)
+    """Per flag of the metric's validity rule, how many runs' values carry it."""
+    values: dict[str, float] = field(default_factory=dict)
+    """The defined values by run name (to pair two metrics of the same runs)."""
+
+    @property
+    def measured(self) -> int:
+        return self.n + self.undefined
+
+    @property
+    def flag_text(self) -> str | None:
+        """``one class in 3/3 seeds``; None when no run is flagged."""
+        return "; ".join(f"{flag} in {count}/{self.measured} seeds" for flag, count in self.flags.items()) or None
 
 
 @dataclass
@@ -324,7 +402,7 @@ def make_groups(manifest: dict[str, Any] | None, runs: list[Run]) -> list[Group]
     axes = _describe_axes(configs, differing_keys(configs))
     groups = []
     for members, config, ax in zip(by_key.values(), configs, axes):
-        label = ", ".join(f"{k}={v}" for k, v in ax.items()) or str(members[0].config.get("name", "all runs"))
+        label = ", ".join(f"{axis_name(k)}={v}" for k, v in ax.items()) or str(members[0].config.get("name", "all runs"))
         groups.append(Group(label, ax, config, members))
     return sorted(groups, key=lambda g: g.label)
 
@@ -346,30 +424,46 @@ def _lookup(record: dict[str, Any], path: tuple[str, ...]) -> Any:
     return float(value) if ok else None
 
 
+def _last_value(metric: Metric, run: Run) -> tuple[dict[str, Any], Any, str | None] | None:
+    """``(record, value, flag)`` of ``metric`` at the run's last record holding it: value
+    None when undefined; None when the run did not measure it."""
+    records = run.records_of(metric.record)
+    if not records:
+        return None
+    last = max(records, key=lambda r: r["round"])
+    value = _lookup(last, metric.path)
+    if value is _ABSENT:
+        return None
+    if value is not None and metric.per:
+        per = _lookup(last, metric.per)
+        value = value / per if isinstance(per, float) and per else None
+    return last, value, metric.flag(last) if metric.flag else None
+
+
 def group_stat(metric: Metric, runs: list[Run], confidence: float = 0.95) -> Stat | None:
     """``metric`` at each run's last record holding it, over the runs; None when no run
-    measured it. Undefined values are counted, never averaged."""
-    values, undefined, empty, rounds, measured = [], 0, 0, set(), False
+    measured it. Undefined values are counted, never averaged; flagged values are
+    averaged and counted per flag, so that every place showing the mean can say so."""
+    values, undefined, empty, rounds, flags = {}, 0, 0, set(), defaultdict(int)
+    measured = False
     for run in runs:
-        records = run.records_of(metric.record)
-        if not records:
-            continue
-        last = max(records, key=lambda r: r["round"])
-        value = _lookup(last, metric.path)
-        if value is _ABSENT:
+        if (found := _last_value(metric, run)) is None:
             continue
         measured = True
+        last, value, flag = found
         rounds.add(last["round"])
         if metric.empty and isinstance(count := _lookup(last, metric.empty), float):
             empty += int(count)
+        if flag:
+            flags[flag] += 1
         if value is None:
             undefined += 1
         else:
-            values.append(metric.display(value))
+            values[run.name] = metric.display(value)
     if not measured:
         return None
-    mean, half, n = mean_ci(values, confidence) if values else (None, None, 0)
-    return Stat(mean, half, n, undefined, empty if metric.empty else None, sorted(rounds))
+    mean, half, n = mean_ci(values.values(), confidence) if values else (None, None, 0)
+    return Stat(mean, half, n, undefined, empty if metric.empty else None, sorted(rounds), dict(flags), values)
 
 
 def _number(metric: Metric, value: float, signed: bool = False) -> str:
@@ -379,101 +473,113 @@ def _number(metric: Metric, value: float, signed: bool = False) -> str:
 def format_stat(metric: Metric, stat: Stat | None) -> str:
     """``71.2 ± 3.1 (n=3)``; ``+21.7 ± 2.0 pp (n=3)`` for gaps; ``undefined (4 empty)`` when
     empty circuits leave no IoU; ``undefined in 3 runs`` otherwise (e.g. an intra-client IoU
-    when circuits ran in one round only)."""
+    when circuits ran in one round only); flags follow the value (``10.0 ± 0.0 (n=3) ⚑ one
+    class in 3/3 seeds``)."""
     if stat is None:
         return "–"
     empty = f", {stat.empty} empty" if stat.empty is not None else ""
     if stat.mean is None:
-        return f"undefined ({stat.empty} empty)" if stat.empty else f"undefined in {stat.undefined} runs"
+        text = f"undefined ({stat.empty} empty)" if stat.empty else f"undefined in {stat.undefined} runs"
+        return text + (f" ⚑ {stat.flag_text}" if stat.flag_text else "")
     unit = " pp" if metric.unit == "pp" else ""
     text = _number(metric, stat.mean, signed=metric.unit == "pp")
     text += f" ± {_number(metric, stat.half_width)}{unit} (n={stat.n})" if stat.half_width is not None \
         else f"{unit} (n=1, no interval)"
-    return text + (f", {stat.undefined} undefined" if stat.undefined else "") + empty
+    text += (f", {stat.undefined} undefined" if stat.undefined else "") + empty
+    return text + (f" ⚑ {stat.flag_text}" if stat.flag_text else "")
 
 
 # --- published values -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PaperValue:
-    metric: str
-    value: float
-    """In the report's unit for ``metric``."""
-    relation: str
-    where: dict[str, Any]
-    """Dotted config keys a group must have these values of."""
-    source: dict[str, Any]
-    """``file``, ``quote`` and optionally ``version`` and ``note``."""
-
-    def matches(self, config: dict[str, Any]) -> bool:
-        flat = flatten_plain(config)
-        return all(flat.get(key, _ABSENT) == value for key, value in self.where.items())
-
-
-def read_paper_values(path: Path) -> list[PaperValue]:
-    """The published values of a YAML file (``values: [{metric, value, relation, where, source}]``)."""
-    raw = read_yaml_file(path)
-    if not isinstance(raw, dict) or not isinstance(raw.get("values"), list):
-        raise ConfigError("expected a mapping with a 'values' list", str(path))
-    out = []
-    for i, item in enumerate(raw["values"]):
-        where = f"{path}: values[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"expected a mapping with metric, value, relation, where and source, got {item!r}", where)
-        if item.get("metric") not in METRICS:
-            raise ConfigError(f"unknown metric {item.get('metric')!r}; use one of {', '.join(METRICS)}",
-                              f"{where}.metric")
-        if not isinstance(item.get("value"), (int, float)) or isinstance(item.get("value"), bool):
-            raise ConfigError(f"value must be a number in the report's unit, got {item.get('value')!r}",
-                              f"{where}.value")
-        if item.get("relation", "=") not in RELATIONS:
-            raise ConfigError(f"relation must be one of {' '.join(RELATIONS)}, got {item.get('relation')!r}",
-                              f"{where}.relation")
-        if not isinstance(item.get("where", {}), dict):
-            raise ConfigError("where must map dotted config keys to values", f"{where}.where")
-        source = item.get("source")
-        if not isinstance(source, dict) or not {"file", "quote"} <= set(source):
-            raise ConfigError("source must be a mapping with file and quote (version and note optional)",
-                              f"{where}.source")
-        out.append(PaperValue(item["metric"], float(item["value"]), item.get("relation", "="), item.get("where", {}),
-                              source))
-    return out
-
-
 @dataclass
 class Comparison:
+    """A published value next to a group that measured its metric (``group`` None: no group did)."""
+
     paper: PaperValue
-    group: Group | None
-    """None when no group matches and measured the metric."""
+    group: Group | None = None
+    same_protocol: bool = False
+    check: str = ""
+    """What is tested: the bound, or the value's direction ("> 0", "> global of the same runs")."""
+    result: Verdict | None = None
+    shown: tuple[float, float | None] | None = None
+    """The tested quantity's mean and 95% half-width (a difference for directions)."""
+    difference: float | None = None
+    """Ours minus the paper's, only at the paper's protocol for = and ≈."""
 
     @property
     def stat(self) -> Stat | None:
         return self.group.stats.get(self.paper.metric) if self.group else None
 
-    @property
-    def difference(self) -> float | None:
-        """Ours minus the paper's, for ``=`` and ``≈``."""
-        stat = self.stat
-        if self.paper.relation in ("<", ">") or stat is None or stat.mean is None:
-            return None
-        return stat.mean - self.paper.value
 
-    @property
-    def satisfied(self) -> bool | None:
-        """Whether our mean meets a ``<`` or ``>`` bound."""
-        stat = self.stat
-        if self.paper.relation not in ("<", ">") or stat is None or stat.mean is None:
-            return None
-        return stat.mean < self.paper.value if self.paper.relation == "<" else stat.mean > self.paper.value
+def _control(group: Group, than: dict[str, Any], groups: list[Group]) -> Group | None:
+    """The group that differs from ``group`` only under the parents of ``than``'s keys and
+    has ``than``'s values there (the IID control of an alpha 0.05 group)."""
+    parents = tuple(key.rsplit(".", 1)[0] + "." for key in than)
+
+    def rest(config: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in flatten_plain(config).items() if not k.startswith(parents)}
+
+    own = rest(group.config)
+    return next((g for g in groups if g is not group and rest(g.config) == own
+                 and all(flatten_plain(g.config).get(k, _ABSENT) == v for k, v in than.items())), None)
 
 
-def compare(paper: list[PaperValue], groups: list[Group]) -> list[Comparison]:
-    out = []
-    for value in paper:
-        matched = [g for g in groups if value.matches(g.config) and value.metric in g.stats]
-        out += [Comparison(value, g) for g in matched] or [Comparison(value, None)]
+def _flags(*stats: tuple[str, Stat | None]) -> str | None:
+    """The flags of the values a check rests on, each named by whose it is."""
+    return "; ".join(f"{who}{t}" for who, s in stats if s and (t := s.flag_text)) or None
+
+
+def _judge(paper: PaperValue, group: Group, groups: list[Group], same: bool) -> Comparison:
+    """The bound or the direction of ``paper`` held against ``group``'s interval."""
+    metric, stat = METRICS[paper.metric], group.stats[paper.metric]
+    out = Comparison(paper, group, same)
+    if paper.relation in ("<", ">"):
+        out.check = f"{paper.relation} {_number(metric, paper.value)} (bound)"
+        out.shown = (stat.mean, stat.half_width) if stat.mean is not None else None
+        out.result = verdict(paper.relation, paper.value, stat.mean, stat.half_width, stat.flag_text)
+        return out
+    if same and stat.mean is not None:
+        out.difference = stat.mean - paper.value
+    direction = paper.direction
+    if direction is None:
+        out.check = "none: a level only"
+        if not same:
+            out.result = Verdict(None, "not compared: a level, at another protocol")
+        return out
+    out.check = direction.describe(lambda key: METRICS[key].label)
+    other, whose = None, ""
+    if direction.than is not None:
+        mean, half = stat.mean, stat.half_width
+    elif direction.than_metric:
+        other, whose = group.stats.get(direction.than_metric), f"{METRICS[direction.than_metric].label}: "
+        paired = [v - other.values[run] for run, v in stat.values.items() if other and run in other.values]
+        mean, half, _ = mean_ci(paired) if paired else (None, None, 0)
+    else:
+        control = _control(group, direction.than_group, groups)
+        other = control.stats.get(paper.metric) if control else None
+        whose = f"control {control.label}: " if control else ""
+        if control:
+            out.check = f"{direction.relation} the same metric in {control.label} (control)"
+        if other is None or not other.values or not stat.values:
+            out.result = Verdict(None, "not shown: no control group measured it")
+            return out
+        mean, half = difference_ci(stat.values.values(), other.values.values())
+    out.shown = (mean, half) if mean is not None else None
+    bound = direction.than if direction.than is not None else 0.0
+    out.result = verdict(direction.relation, bound, mean, half, _flags(("", stat), (whose, other)))
     return out
+
+
+def compare(paper: PaperValues, groups: list[Group]) -> tuple[list[Comparison], list[PaperValue]]:
+    """Each published value held against every group that matches its ``where`` and
+    measured its metric; and the values no group measured."""
+    out, unmatched = [], []
+    for value in paper.values:
+        matched = [g for g in groups if value.matches(g.config) and value.metric in g.stats]
+        out += [_judge(value, g, groups, paper.same_protocol(value, g.config)) for g in matched]
+        unmatched += [] if matched else [value]
+    return out, unmatched
 
 
 # --- plots ------------------------------------------------------------------------------
@@ -487,19 +593,23 @@ def _chunks(items: list) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _series(metric: Metric, runs: list[Run]) -> tuple[list[tuple[int, float, float, float]], int]:
-    """Per round: mean and band (95% CI, or min..max with fewer than two runs); most runs."""
+def _series(metric: Metric, runs: list[Run]) -> tuple[list[tuple[int, float, float, float]], int, dict[int, str]]:
+    """Per round: mean and band (95% CI, or min..max with fewer than two runs); most runs;
+    the rounds where a run's value is flagged, with the flag."""
     by_round: dict[int, list[float]] = defaultdict(list)
+    flagged = {}
     for run in runs:
         for record in run.records_of(metric.record):
             if isinstance(value := _lookup(record, metric.path), float):
                 by_round[record["round"]].append(metric.display(value))
+                if metric.flag and (flag := metric.flag(record)):
+                    flagged[record["round"]] = flag
     points = []
     for server_round, values in sorted(by_round.items()):
         mean, half, _ = mean_ci(values)
         low, high = (min(values), max(values)) if half is None else (mean - half, mean + half)
         points.append((server_round, mean, low, high))
-    return points, max((len(v) for v in by_round.values()), default=0)
+    return points, max((len(v) for v in by_round.values()), default=0), flagged
 
 
 def _wrap(label: str, width: int) -> str:
@@ -512,24 +622,106 @@ def _file_name(stem: str, part: int, parts: int) -> str:
 
 
 def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
-    """Per-round curves of the completed runs, one line per group, with seed bands."""
+    """Per-round curves of the completed runs, one line per group, with seed bands and
+    flagged rounds ringed; none for a metric measured at fewer than ``MIN_CURVE_ROUNDS``."""
     out = []
     for stem, key, ylim in CURVES:
         metric = METRICS[key]
-        lines = {}
+        lines, flags = {}, {}
         for group in groups:
-            points, n = _series(metric, group.completed)
+            points, n, flagged = _series(metric, group.completed)
             if points:
                 band = "95% CI" if n >= 2 else "min–max"
-                lines[_wrap(f"{group.label} (n={n}, {band})", 48)] = points
+                label = _wrap(f"{group.label} (n={n}, {band})", 48)
+                lines[label], flags[label] = points, flagged
+        if max((len(points) for points in lines.values()), default=0) < MIN_CURVE_ROUNDS:
+            continue
         chunks = _chunks(list(lines.items()))
         for part, chunk in enumerate(chunks, 1):
             title = f"{metric.label} ({metric.unit}) over rounds, mean over seeds"
             title += f" ({part} of {len(chunks)})" if len(chunks) > 1 else ""
             ylabel = f"{metric.label} ({metric.unit})"
-            path = band_plot(dict(chunk), title, ylabel, plots / _file_name(stem, part, len(chunks)), ylim)
+            flagged = {label: set(flags[label]) for label, _ in chunk if flags[label]}
+            names = sorted({name for label, _ in chunk for name in flags[label].values()})
+            path = band_plot(dict(chunk), title, ylabel, plots / _file_name(stem, part, len(chunks)), ylim,
+                             flagged=flagged, flag_label=", ".join(names) + " (ringed)")
             out.append((path, title))
     return out
+
+
+def _skew_level(config: dict[str, Any]) -> tuple[tuple, str]:
+    """A group's label-skew level, as a sort key and a tick label: IID first, then
+    Dirichlet by falling alpha, then other partitions by name."""
+    flat = flatten_plain(config)
+    name = flat.get("data.partition.name")
+    if name == "iid":
+        return (0, 0.0, ""), "IID"
+    if name == "dirichlet" and isinstance(alpha := flat.get("data.partition.alpha"), (int, float)):
+        return (1, -alpha, ""), f"α={alpha:g}"
+    label = _describe_axes([config], [k for k in flat if k.startswith("data.partition.")])[0].get("data.partition")
+    return (2, 0.0, str(label)), str(label)
+
+
+def _is_control(config: dict[str, Any]) -> bool:
+    """A dense control: the same run without pruning."""
+    return flatten_plain(config).get("pruning.mode") == "dense"
+
+
+def _without_skew(config: dict[str, Any]) -> str:
+    flat = flatten_plain(config)
+    return json.dumps({k: v for k, v in flat.items() if not k.startswith("data.partition.") and k != "pruning.mode"},
+                      sort_keys=True, default=str)
+
+
+def _short_flags(stat: Stat) -> str | None:
+    return ", ".join(f"{flag} {count}/{stat.measured}" for flag, count in stat.flags.items()) or None
+
+
+def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Path,
+                  paper: PaperValues | None) -> list[tuple[Path, str]]:
+    """The paper's claim as one figure: per dataset x model (every config key but the
+    partition and the pruning mode), ``HEADLINE`` accuracies against the skew level, the
+    dense control hollow, flagged values ringed, published values as stars."""
+    measured = [g for g in groups if any(k in g.stats for k in HEADLINE)]
+    if not measured:
+        return []
+    panels: dict[str, list[Group]] = defaultdict(list)
+    for g in measured:
+        panels[_without_skew(g.config)].append(g)
+    drawn, same = [], set()
+    for members in panels.values():
+        levels = sorted({_skew_level(g.config) for g in members})
+        index = {label: i for i, (_, label) in enumerate(levels)}
+        title = ", ".join(f"{axis_name(k)} {v}" for k, v in members[0].axes.items()
+                          if "data.partition" not in k and "pruning.mode" not in k) or "all groups"
+        panel = LevelPanel(title, [label for _, label in levels])
+        for g in members:
+            level = index[_skew_level(g.config)[1]]
+            for key in HEADLINE:
+                if (stat := g.stats.get(key)) and stat.mean is not None:
+                    panel.series.setdefault((METRICS[key].label, _is_control(g.config)), []).append(
+                        (level, stat.mean, stat.half_width, _short_flags(stat)))
+        for c in comparisons:
+            if c.group in members and c.paper.metric in HEADLINE and c.paper.relation in ("=", "≈"):
+                point = (index[_skew_level(c.group.config)[1]], c.paper.value, METRICS[c.paper.metric].label)
+                panel.published += [point] if point not in panel.published else []
+                same.add(c.same_protocol)
+        drawn.append(panel)
+    protocol = "at the same protocol" if same == {True} else "at another protocol: read the direction, not the level"
+    label = f"published ({paper.paper}), {protocol}" if paper else "published"
+    path = level_plot(drawn, "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
+                      ylim=(0.0, 100.0))
+    caption = (f"{', '.join(METRICS[k].label for k in HEADLINE)} accuracy against label skew: mean and 95% interval "
+               "over seeds (n in the tables below)")
+    if any(control for p in drawn for _, control in p.series):
+        caption += "; hollow squares and dashed lines: the dense control"
+    if any(point[3] for p in drawn for points in p.series.values() for point in points):
+        caption += ("; red rings: values flagged by their validity rule (e.g. a one-class model, which predicts one "
+                    f"class for more than {DEGENERATE_FRACTION:.0%} of the test images, so its accuracy is chance, "
+                    "not a measurement)")
+    if paper and any(p.published for p in drawn):
+        caption += f"; stars: the published values, in their series' colour, {protocol}"
+    return [(path, caption)]
 
 
 def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
@@ -548,7 +740,8 @@ def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
         names = group.completed[0].class_names or [str(c) for c in range(recall.shape[1])]
         with np.errstate(all="ignore"):
             mean = [float(np.nanmean(col)) if np.isfinite(col).any() else np.nan for col in recall.T]
-        columns[tuple(names)].append((group.label, mean))
+        flags = (stat := group.stats.get("eval.accuracy")) and _short_flags(stat)
+        columns[tuple(names)].append((group.label + (f" ⚑ {flags}" if flags else ""), mean))
     out = []
     for index, (names, cols) in enumerate(columns.items(), 1):
         chunks = _chunks(cols)
@@ -556,9 +749,11 @@ def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
             stem = "per_class_recall" if len(columns) == 1 else f"per_class_recall_{index}"
             title = "Last-round per-class recall of the global model, mean over seeds"
             matrix = np.array([values for _, values in chunk]).T
+            flagged = any("⚑" in label for label, _ in chunk)
             path = heatmap(matrix, [_wrap(label, 24) for label, _ in chunk], list(names), title,
                            plots / _file_name(stem, part, len(chunks)),
-                           notes=np.where(np.isfinite(matrix), "", "n/a"), xlabel="group")
+                           notes=np.where(np.isfinite(matrix), "", "n/a"), xlabel="group",
+                           footnote=DEGENERATE_NOTE if flagged else None)
             out.append((path, title + (f" ({part} of {len(chunks)})" if len(chunks) > 1 else "")))
     return out
 
@@ -588,7 +783,54 @@ class Section:
 def _groups_table(groups: list[Group], axes: list[str]) -> Table:
     rows = [[g.label, *[g.axes.get(a, "–") for a in axes],
              ", ".join(str(r.seed) for r in g.runs), g.runs_text] for g in groups]
-    return Table(["group", *axes, "seeds", "runs"], rows)
+    return Table(["group", *map(axis_name, axes), "seeds", "runs"], rows)
+
+
+def _setting(value: Any, key: str = "") -> str:
+    """A protocol setting as a reader writes it (a plug-in: its name and parameters)."""
+    if value is None:
+        return NULL_SETTINGS.get(key, "none")
+    if isinstance(value, dict) and "name" in value:
+        params = [f"{k} {_text(v)}" for k, v in value.items() if k not in ("name", "stem")]
+        return value["name"] + (f" ({', '.join(params)})" if params else "")
+    return _text(value)
+
+
+def _protocol_section(groups: list[Group], paper: PaperValues | None, comparisons: list[Comparison]) -> Section:
+    """Each group's protocol, beside the published protocol of each version compared here."""
+    compared = {paper.texts[c.paper.text].version for c in comparisons} if paper else set()
+    protocols = {v: entries for v, entries in (paper.protocols.items() if paper else []) if v in compared}
+    extra = [(e.label, e.key) for entries in protocols.values() for e in entries
+             if e.key not in dict(PROTOCOL).values()]
+    columns = list(dict.fromkeys(PROTOCOL + extra))
+    header = ["", *[label for label, _ in columns], "model", "actual sparsity (%)", "seeds"]
+    rows, notes = [], []
+    for version, entries in protocols.items():
+        stated = {e.key: e for e in entries}
+        cells = []
+        for _, key in columns:
+            e = stated.get(key)
+            cells.append("–" if e is None else "not stated" if e.value is None else
+                         _setting(e.value, key) + (" (inferred)" if e.inferred else ""))
+            if e is not None and e.value is not None:
+                notes.append(f"{paper.paper} {version}, {e.label} {_setting(e.value, key)}: “{e.quote}”"
+                             + (f" — inferred {e.inferred}" if e.inferred else ""))
+        rows.append([f"paper {version}", *cells, "–", "–", "–"])
+    for g in groups:
+        flat = flatten_plain(g.config)
+        sparsity = g.stats.get("eval.sparsity")
+        cells = [_setting(flat[key], key) if key in flat else "–" for _, key in columns]
+        if _is_control(g.config) and "pruning.target_sparsity" in dict(columns).values():
+            cells[[key for _, key in columns].index("pruning.target_sparsity")] = "dense"
+        rows.append([g.label, *cells, _setting(g.config.get("model")),
+                     format_stat(METRICS["eval.sparsity"], sparsity), ", ".join(str(r.seed) for r in g.runs)])
+    blocks: list[str | list[str] | Table | Image] = [Table(header, rows)]
+    if protocols:
+        blocks.insert(0, "What the paper's public texts state of its protocol (“not stated”: nothing in them), "
+                         "then each group's. A published value is compared in points only with a group at the "
+                         "paper's protocol (every entry stated and equal); elsewhere in direction only.")
+        blocks.append(notes)
+    return Section("Protocol", blocks)
 
 
 def _metric_tables(groups: list[Group]) -> list[Section]:
@@ -603,38 +845,55 @@ def _metric_tables(groups: list[Group]) -> list[Section]:
     return sections
 
 
-def _difference_text(comparison: Comparison) -> str:
-    metric = METRICS[comparison.paper.metric]
-    if comparison.satisfied is not None:
-        return f"{'satisfied' if comparison.satisfied else 'not satisfied'} ({comparison.paper.relation} bound)"
-    if comparison.difference is None:
+def _result_text(c: Comparison) -> str:
+    """``holds: +5.1 ± 2.0 pp``: the verdict and the interval it rests on."""
+    if c.result is None:
         return "–"
-    unit = " pp" if metric.unit in ("%", "pp") else ""
-    return _number(metric, comparison.difference, signed=True) + unit
+    metric = METRICS[c.paper.metric]
+    if c.shown is None:
+        return c.result.text
+    mean, half = c.shown
+    difference = c.paper.relation not in ("<", ">") and c.paper.direction.than is None
+    signed = difference or metric.unit == "pp"
+    unit = " pp" if metric.unit == "pp" or (difference and metric.unit == "%") else ""
+    interval = _number(metric, mean, signed) + (f" ± {_number(metric, half)}" if half is not None else "") + unit
+    return f"{c.result.text} ({interval})"
 
 
-def _paper_section(comparisons: list[Comparison]) -> Section:
-    sources = list(dict.fromkeys(json.dumps(c.paper.source, sort_keys=True) for c in comparisons))
+def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], paper: PaperValues) -> Section:
+    shown = {id(c.paper) for c in comparisons} | {id(v) for v in unmatched}
+    values = [v for v in paper.values if id(v) in shown]
+    number = {id(v): i for i, v in enumerate(values, 1)}
+    points = any(c.difference is not None for c in comparisons)
     rows = []
     for c in comparisons:
         metric = METRICS[c.paper.metric]
-        note = sources.index(json.dumps(c.paper.source, sort_keys=True)) + 1
-        rows.append([f"{metric.label} ({metric.unit})", c.group.label if c.group else "no matching group measured it",
-                     f"{c.paper.relation} {_number(metric, c.paper.value, metric.unit == 'pp')} [{note}]",
-                     format_stat(metric, c.stat) if c.group else "–", _difference_text(c)])
+        row = [f"{metric.label} ({metric.unit})", c.group.label,
+               f"{c.paper.relation} {_number(metric, c.paper.value, metric.unit == 'pp')} [{number[id(c.paper)]}]",
+               format_stat(metric, c.stat), c.check, _result_text(c)]
+        if points:
+            row.append("–" if c.difference is None else _number(metric, c.difference, True)
+                       + (" pp" if metric.unit in ("%", "pp") else ""))
+        rows.append(row)
+    header = ["metric", "group", "paper", "ours (mean ± 95% CI)", "direction or bound checked", "result"]
+    header += ["ours − paper (same protocol only)"] if points else []
+    blocks: list[str | list[str] | Table | Image] = [
+        "A published value sits next to every group that measured its metric and whose config has all the values "
+        "in its `where`. Where the group's protocol differs from the paper's (see Protocol), only the value's "
+        "direction is checked, never a difference in points: it holds when the whole 95% interval lies on its "
+        "side, does not hold when the whole interval lies on the other, and is not shown otherwise, or when a "
+        "value behind it is flagged (⚑). A bound (< or >) is checked the same way.",
+        Table(header, rows)]
+    if unmatched:
+        blocks.append("Not measured by any group here: " + "; ".join(
+            f"{METRICS[v.metric].label} {v.relation} {_number(METRICS[v.metric], v.value)} [{number[id(v)]}]"
+            for v in unmatched) + ".")
     notes = []
-    for i, text in enumerate(sources, 1):
-        source = json.loads(text)
-        version = f" ({source['version']})" if source.get("version") else ""
-        extra = f" — {source['note']}" if source.get("note") else ""
-        notes.append(f"[{i}] {source['file']}{version}: “{source['quote']}”{extra}")
-    return Section("Published values", [
-        "A published value sits next to every group that measured its metric and whose config has all the "
-        "values in its `where`. The paper's values come from its protocol (100 rounds, 99.9% sparsity, full "
-        "shards); next to a reduced run (a cpu preset) read the direction, not the level. "
-        "Ours − paper is in the metric's unit (percentage points for accuracies); a bound says whether our "
-        "mean satisfies it.",
-        Table(["metric", "group", "paper", "ours (mean ± 95% CI)", "ours − paper"], rows), notes])
+    for v in values:
+        inferred = f" Inferred: {'; '.join(v.inferred)}." if v.inferred else ""
+        note = f" {v.note[0].upper()}{v.note[1:]}." if v.note else ""
+        notes.append(f"[{number[id(v)]}] {paper.cite(v)}: “{v.quote}”.{inferred}{note}")
+    return Section("Published values", [*blocks, notes])
 
 
 def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
@@ -706,31 +965,42 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 
 
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
+                   unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
                    images: list[tuple[Path, str]], paths: list[Path]) -> tuple[str, list[Section]]:
-    """The report's title and sections, shared by the HTML page and the Markdown file."""
+    """The report's title and sections, shared by the HTML page and the Markdown file: the
+    claim's figure first, then the protocol it was measured at, the groups, the tables."""
     axes = list(dict.fromkeys(a for g in groups for a in g.axes))
     runs = [r for g in groups for r in g.runs]
     done = sum(r.status == "completed" for r in runs)
-    title = f"fedmech report: {manifest.get('name')}" if manifest else "fedmech report"
+    title = "fedmech report" + (f": sweep {manifest.get('name')}, preset {manifest.get('preset') or 'none'}"
+                                if manifest else "")
     varying = differing_keys([g.config for g in groups])
     intro = [f"{len(groups)} groups, {len(runs)} runs, {done} completed. Each number is the mean ± 95% confidence "
              "interval (Student t over seeds) of the runs' values at their final round; n is the number of runs "
              "behind it (n=1: no interval). Only completed runs enter the statistics; the others are listed below. "
              "Accuracies are percent, gaps percentage points (pp); IoUs and R^2 are fractions. An undefined IoU "
-             "(two empty circuits) never enters a mean: it is counted, with the empty circuits."]
+             "(two empty circuits) never enters a mean: it is counted, with the empty circuits. A value its "
+             "diagnostic flags is marked ⚑ with the number of seeds (a one-class model: it predicts one class for "
+             f"more than {DEGENERATE_FRACTION:.0%} of the test images; mostly empty circuits: at least half the "
+             "circuits behind an IoU are empty; a USAE that did not fit); it never satisfies a published bound."]
     left_out = [f"{r.name} (group {g.label}, seed {r.seed}): {r.status}" + (f": {r.error}" if r.error else "")
                 for g in groups for r in g.runs if r.status != "completed"]
-    sections = [Section("Groups", [*intro, _groups_table(groups, axes)])]
+    sections = []
+    if headline:
+        sections.append(Section("Preserved or misaligned: the headline", [Image(p, c) for p, c in headline]))
+    sections.append(_protocol_section(groups, paper, comparisons))
+    sections.append(Section("Groups", [*intro, _groups_table(groups, axes)]))
     if left_out:
         sections.append(Section("Runs not in the statistics", [left_out]))
     sections += _metric_tables(groups)
-    if comparisons:
-        sections.append(_paper_section(comparisons))
+    if paper:
+        sections.append(_paper_section(comparisons, unmatched, paper))
     if board := _leaderboard(groups, varying):
         sections.append(board)
     if images:
         sections.append(Section("Plots", ["Curves: mean over the completed runs of each group; the shaded band is "
-                                          "the 95% CI (t) per round, or min–max where fewer than two runs."]
+                                          "the 95% CI (t) per round, or min–max where fewer than two runs; red "
+                                          "rings mark rounds where a seed's value is flagged."]
                                 + [Image(path, caption) for path, caption in images]))
     sections.append(_provenance(manifest, groups, varying, paths))
     return title, sections
@@ -806,15 +1076,21 @@ def _finite(value: float | None) -> float | None:
 
 
 def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
-            confidence: float) -> dict[str, Any]:
+            unmatched: list[PaperValue], paper: PaperValues | None, confidence: float) -> dict[str, Any]:
     """What the report says, for machines: no paths, no wall times."""
     def stat(s: Stat | None) -> dict[str, Any] | None:
         return None if s is None else {"mean": _finite(s.mean), "half_width": _finite(s.half_width), "n": s.n,
-                                       "undefined": s.undefined, "empty": s.empty, "rounds": s.rounds}
+                                       "undefined": s.undefined, "empty": s.empty, "rounds": s.rounds,
+                                       "flags": s.flags}
+
+    def published(v: PaperValue) -> dict[str, Any]:
+        return {"metric": v.metric, "value": v.value, "relation": v.relation, "where": v.where,
+                "source": paper.cite(v), "quote": v.quote, "inferred": list(v.inferred)}
 
     return {
         "confidence": confidence,
         "interval": "Student t over seeds at each run's final round; completed runs only",
+        "degenerate_fraction": DEGENERATE_FRACTION,
         "metrics": {k: {"label": m.label, "unit": m.unit, "record": m.record, "path": ".".join(m.path)}
                     for k, m in METRICS.items()},
         "sweep": None if manifest is None else {k: manifest.get(k) for k in ("name", "preset", "seeds", "axes")},
@@ -825,10 +1101,12 @@ def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: l
             "stats": {k: stat(s) for k, s in g.stats.items()},
         } for g in groups],
         "paper": [{
-            "metric": c.paper.metric, "value": c.paper.value, "relation": c.paper.relation, "where": c.paper.where,
-            "group": c.group.label if c.group else None, "ours": stat(c.stat), "difference": _finite(c.difference),
-            "satisfied": c.satisfied, "source": c.paper.source,
-        } for c in comparisons],
+            **published(c.paper), "group": c.group.label, "ours": stat(c.stat), "same_protocol": c.same_protocol,
+            "check": c.check, "holds": c.result.holds if c.result else None,
+            "result": c.result.text if c.result else None,
+            "tested": None if c.shown is None else {"mean": _finite(c.shown[0]), "half_width": _finite(c.shown[1])},
+            "difference": _finite(c.difference),
+        } for c in comparisons] + [{**published(v), "group": None} for v in unmatched],
     }
 
 
@@ -844,13 +1122,15 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     groups = make_groups(manifest, runs)
     for group in groups:
         group.stats = {k: s for k, m in METRICS.items() if (s := group_stat(m, group.completed, confidence))}
-    comparisons = compare(read_paper_values(Path(paper_file)), groups) if paper_file else []
+    paper = read_paper_values(Path(paper_file), METRICS) if paper_file else None
+    comparisons, unmatched = compare(paper, groups) if paper else ([], [])
     plots = out_dir / PLOTS_DIR
+    headline = plot_headline(groups, comparisons, plots, paper)
     images = plot_curves(groups, plots) + plot_per_class(groups, plots)
-    title, sections = build_sections(manifest, groups, comparisons, images, paths)
+    title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths)
     write_text_atomic(out_dir / MARKDOWN_FILE, to_markdown(title, sections, out_dir))
-    write_text_atomic(out_dir / SUMMARY_FILE,
-                      json.dumps(summary(manifest, groups, comparisons, confidence), indent=1, allow_nan=False) + "\n")
+    write_text_atomic(out_dir / SUMMARY_FILE, json.dumps(
+        summary(manifest, groups, comparisons, unmatched, paper, confidence), indent=1, allow_nan=False) + "\n")
     index = write_text_atomic(out_dir / INDEX_FILE, to_html(title, sections))
     log.info("report of %d runs in %d groups written to %s", len(runs), len(groups), out_dir)
     return index

@@ -310,6 +310,7 @@ class RoundEnd:
         sparsity = overall_sparsity(run.model, include_head=run.cfg.pruning.include_head)
         run.folder.eval(server_round, {
             "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
+            "max_predicted_class": res.max_predicted_class, "max_predicted_fraction": res.max_predicted_fraction,
             "sparsity": sparsity, "layer_sparsity": layer_sparsity(run.model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
             "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),

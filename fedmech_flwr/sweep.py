@@ -68,6 +68,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
+from fedmech_flwr.training import DEGENERATE_FRACTION
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -398,14 +399,18 @@ def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str
 
 
 def headline(run_dir: Path) -> str:
-    """A finished cell's numbers for its progress line: final global accuracy and, with
-    the misalignment diagnostic, the probe and its gap (percentage points)."""
+    """A finished cell's numbers for its progress line: final global accuracy (flagged when
+    the model predicts one class for more than ``DEGENERATE_FRACTION`` of the test images)
+    and, with the misalignment diagnostic, the probe and its gap (percentage points)."""
     try:
         evals = read_records(run_dir, "eval")
         misalignment = [r for r in read_records(run_dir, "diagnostic") if r["name"] == "misalignment"]
     except (FileNotFoundError, ValueError):
         return ""
-    parts = [f"global {100 * evals[-1]['accuracy']:.1f}%"] if evals else []
+    parts = []
+    if evals:
+        one_class = evals[-1].get("max_predicted_fraction", 0.0) > DEGENERATE_FRACTION
+        parts.append(f"global {100 * evals[-1]['accuracy']:.1f}%" + (" ⚑ one class" if one_class else ""))
     if misalignment:
         last = misalignment[-1]
         parts.append(f"probe {100 * last['probe']['accuracy']:.1f}% ({100 * last['gaps']['probe']:+.1f} pp)")

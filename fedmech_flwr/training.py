@@ -171,6 +171,10 @@ class EvalResult:
     per_class_accuracy: list[float | None]
     """Recall of each class; None for a class with no samples in the evaluated set."""
     num_examples: int
+    max_predicted_class: int
+    max_predicted_fraction: float
+    """Share of the images predicted as ``max_predicted_class``; above
+    ``DEGENERATE_FRACTION`` the model is a degenerate (one-class) predictor."""
 
 
 @torch.no_grad()
@@ -184,4 +188,4 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: in
         preds.append(logits.argmax(1))
     pred = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long, device=x.device)
     accuracy, per_class = recall(pred, y, num_classes)
-    return EvalResult(loss_sum / max(len(y), 1), accuracy, per_class, len(y))
+    return EvalResult(loss_sum / max(len(y), 1), accuracy, per_class, len(y), *largest_predicted_class(pred, num_classes))

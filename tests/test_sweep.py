@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, as_killed
 from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError, RunFolderError
-from fedmech_flwr.sweep import auto_label, check_fits, load_sweep, plan_action
+from fedmech_flwr.sweep import auto_label, check_fits, headline, load_sweep, plan_action
 
 SMOKE = str(REPO / "experiments" / "smoke.yaml")
 
@@ -218,3 +218,15 @@ def test_check_fits_cpus_and_memory(tmp_path):
         check_fits(cells, 0)
     on_cluster = load_sweep(sweep_file(tmp_path, set={"simulation.ray_address": "auto"})).cells
     assert check_fits(on_cluster, 64, cpus=2, memory_gib=1.0) is None  # the cluster schedules them
+
+
+@pytest.mark.parametrize("fraction, expected", [
+    (1.0, "global 10.0% ⚑ one class | probe 36.6% (+26.6 pp)"),  # predicts one class for every test image
+    (0.3, "global 10.0% | probe 36.6% (+26.6 pp)"),
+])
+def test_the_progress_line_flags_a_one_class_model(tmp_path, fraction, expected):
+    records = [{"kind": "eval", "round": 3, "accuracy": 0.1, "max_predicted_fraction": fraction},
+               {"kind": "diagnostic", "round": 3, "name": "misalignment", "probe": {"accuracy": 0.366},
+                "gaps": {"probe": 0.266}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert headline(tmp_path) == expected

@@ -327,7 +327,7 @@ def test_models_with_identical_firing_rates_share_99_percent_under_the_calibrate
     rng = np.random.default_rng(0)
     rates = 10 ** rng.uniform(-5, -1, 1024)
     counts = rng.binomial(49_000, rates, size=(2, 1024))
-    assert shared_unique(counts).overlap < 0.95  # the paper's rule: chance single firings look unique
+    assert shared_unique(counts).overlap < 0.95  # fires once: chance single firings look unique
     overlap, _ = calibrated_overlap(counts)
     assert overlap.overlap >= 0.99 and overlap.too_rare > 50
 

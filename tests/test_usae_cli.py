@@ -44,7 +44,7 @@ def test_offline_usae_writes_every_file(smoke_run, usae_run, tmp_path, capsys):
     assert main(["usae", str(smoke_run), f"{usae_run}@1", "--layer", "conv2", "--out", str(out), *TINY]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert Path(printed[-1]) == out.resolve()
-    assert "(fires once, the paper's rule)" in printed[0] and "(calibrated: unique needs >= " in printed[0]
+    assert "(fires once, the project's reading of the paper)" in printed[0] and "(calibrated: unique needs >= " in printed[0]
     assert printed[1].startswith(f"null control, {smoke_run.name} against itself: cross R^2 ")
     assert printed[2].startswith("seed control, the comparison with USAE seed 1: cross R^2 ")
     for name in ("usae.safetensors", "metrics.json", "config.json", "plots/usae_r2.png",

@@ -106,9 +106,10 @@ def analyse(
 
     Returns the USAE and JSON-able metrics; ``metrics["activity"]`` is the [M, n] firing
     frequency matrix (lists), the only large entry. Concepts are "active" in a model when
-    their firing frequency there is > 0 (the paper's rule, ``overlap["fires_once"]``)
-    or > ``threshold`` (``overlap["thresholded"]``, also the rule of the stitching sets);
-    ``overlap["calibrated"]`` is the paper's rule with unique concepts that fire too
+    their firing frequency there is > 0 (``overlap["fires_once"]``: the project's reading
+    of the paper's "activate non-trivially", which its texts do not define) or >
+    ``threshold`` (``overlap["thresholded"]``, also the rule of the stitching sets);
+    ``overlap["calibrated"]`` is the fires-once rule with unique concepts that fire too
     rarely to be told from chance set apart (``calibrated_overlap``). ``metrics["fit"]``
     is false, with a warning, when a model's self-reconstruction R^2 is below ``FIT_R2``.
     """
@@ -200,7 +201,7 @@ def _overlap_value(overlap: dict[str, Any], rule: str) -> str:
 
 def overlap_summary(overlap: dict[str, Any]) -> str:
     """The shared / alive fraction under each rule, rounded, for console lines."""
-    return (f"shared/alive {_overlap_value(overlap, 'fires_once')} (fires once, the paper's rule), "
+    return (f"shared/alive {_overlap_value(overlap, 'fires_once')} (fires once, the project's reading of the paper), "
             f"{_overlap_value(overlap, 'thresholded')} (> {overlap['thresholded']['threshold']:g} of tokens), "
             f"{_overlap_value(overlap, 'calibrated')} (calibrated: unique needs >= "
             f"{overlap['calibrated']['min_count']} firings)")
@@ -215,7 +216,7 @@ def _overlap_lines(metrics: dict[str, Any]) -> list[str]:
                      metrics["null_control"]["overlap"]))
     if "seed_control" in metrics:
         rows.append((f"seed control (USAE seed {metrics['seed_control']['seed']})", metrics["seed_control"]["overlap"]))
-    header = (f"shared/alive: fires once (the paper's rule) / > {overlap['thresholded']['threshold']:g} of tokens / "
+    header = (f"shared/alive: fires once (the project's reading of the paper) / > {overlap['thresholded']['threshold']:g} of tokens / "
               f"calibrated (unique needs >= {overlap['calibrated']['min_count']} firings)")
     rules = ("fires_once", "thresholded", "calibrated")
     return [header] + [f"{label}: " + " / ".join(_overlap_value(o, rule) for rule in rules) for label, o in rows]

@@ -4,7 +4,7 @@ model (``compare: reference``, e.g. an IID run's final model), at one gated laye
 
 Runs on the server on the audit set when the run has one (``data.audit_per_class``),
 else on the test set (recorded as ``data``). Records the R^2 matrix, sparsity, shared /
-unique concept counts and overlap (the paper's rule, a firing threshold and the calibrated
+unique concept counts and overlap (fires at least once: the project's reading of the paper, which states no rule; a firing threshold and the calibrated
 rule), stitching, and ``fit`` (false when a model's self-reconstruction R^2 is below
 ``FIT_R2``; see ``diagnostics.usae.analysis``); stores the dictionary (``usae_arrays``
 under ``usae/``: ``load_usae`` reads them without the prefix) and the concept firing
@@ -105,7 +105,7 @@ class Usae(Diagnostic):
         overlap = {
             f"shared / alive ({label})": [(r["round"], r["overlap"][key]["overlap"]) for r in records
                                           if r["overlap"].get(key, {}).get("overlap") is not None]
-            for key, label in (("fires_once", "fires at least once, the paper's rule"),
+            for key, label in (("fires_once", "fires at least once, the project's reading of the paper"),
                                ("thresholded", "frequency > threshold"),
                                ("calibrated", "calibrated: rare unique concepts set apart"))
         }

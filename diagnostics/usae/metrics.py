@@ -145,7 +145,7 @@ def active_sets(activity: np.ndarray, threshold: float = 0.0) -> tuple[np.ndarra
     """Bool masks from ``concept_activity``: active [M, n], shared [n] (active in every
     model) and unique [M, n] (active in that model only). A concept is active in a model
     when its firing frequency there is > ``threshold`` (0: it fires at least once, the
-    paper's rule; a concept's rare stray firings then count it as shared, a small
+    fires-once rule; a concept's rare stray firings then count it as shared, a small
     threshold ignores them)."""
     active = np.asarray(activity) > threshold
     return active, active.all(0), active & (active.sum(0) == 1)
@@ -181,7 +181,7 @@ def min_unique_count(num_tests: int, alpha: float = CALIBRATED_ALPHA) -> int:
 
 def calibrated_overlap(counts: np.ndarray, alpha: float = CALIBRATED_ALPHA) -> tuple[ConceptOverlap, int]:
     """``shared_unique`` at "fires at least once" from firing counts [M, n] on the same
-    tokens, calibrated: a concept the paper's rule calls unique to model i stays unique
+    tokens, calibrated: a concept the fires-once rule calls unique to model i stays unique
     only if it fires there at least ``min_unique_count(M * n, alpha)`` times, so that its
     silence in every other model is significant; the rest are ``too_rare`` and left out of
     the overlap. Returns the overlap and that minimum count."""

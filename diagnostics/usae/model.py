@@ -132,7 +132,7 @@ class USAE(nn.Module):
         # "symmetric" schedule they stay identical (every concept shared); with the
         # paper's "round_robin" their encoders drift apart, and two copies of a
         # Fashion-MNIST SimpleCNN at conv3 (1,000 images) share 93-99% of alive concepts
-        # at the paper's rule and 97.7-99.2% under the calibrated one. ``fedmech usae``
+        # at the fires-once rule and 97.7-99.2% under the calibrated one. ``fedmech usae``
         # measures this null control next to every comparison.
         start = torch.randn(dict_size, max(widths), generator=generator)
         self.sites = nn.ModuleList(_Site(start[:, :width]) for width in widths)
