@@ -201,6 +201,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     from fedmech_flwr.hooks import DIAGNOSTICS
     from fedmech_flwr.partition import plot_label_distribution
     from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
+    from fedmech_flwr.training import DEGENERATE_FRACTION
 
     run_dir = Path(run_dir)
     plots = run_dir / PLOTS_DIR
@@ -224,7 +225,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                 by_round[r["round"]].append(r["train_accuracy"])
         if by_round:
             acc["clients, mean train accuracy"] = [(k, float(np.mean(v))) for k, v in by_round.items()]
-        out.append(line_plot(acc, "Accuracy over rounds", "accuracy", plots / "accuracy.png", (0.0, 1.0)))
+        one_class = {r["round"]: f"⚑ one class {r['max_predicted_fraction']:.0%}" for r in evals
+                     if r.get("max_predicted_fraction", 0.0) > DEGENERATE_FRACTION}
+        out.append(line_plot(acc, "Accuracy over rounds", "accuracy", plots / "accuracy.png", (0.0, 1.0),
+                             notes={"global model (test)": one_class},
+                             footnote=f"⚑ one class: the global model predicts one class for more than "
+                                      f"{DEGENERATE_FRACTION:.0%} of the test images" if one_class else None))
         out.append(line_plot({"global model (test)": [(r["round"], r["loss"]) for r in evals]},
                              "Test loss over rounds", "cross-entropy", plots / "loss.png"))
         rounds = [r["round"] for r in evals]

@@ -67,7 +67,7 @@ def write_run(path: Path, cfg: dict, status: str = "completed", accuracy: float 
         "started_at": started, "seed": cfg["seed"], "device": "cpu", "git": {"commit": "0123456789abcdef", "dirty": True},
     }))
     (path / "partitions.json").write_text(json.dumps({"num_clients": 3, "class_names": CLASSES, "audit_samples": 40,
-                                                      "clients": []}))
+                                                      "clients": [{"label_histogram": [5, 5, 5, 5]}] * 3}))
     per_class = per_class or [accuracy] * 4
     one = {"max_predicted_class": 0, "max_predicted_fraction": 1.0 if collapsed else 0.3}
     spread = {"max_predicted_class": 1, "max_predicted_fraction": 0.3}
@@ -101,8 +101,7 @@ def write_run(path: Path, cfg: dict, status: str = "completed", accuracy: float 
                 "local_to_global": 0.0 if empty_circuits else 0.3, "inter_class_local": 0.2, "inter_class_global": 0.2}
         lines.append({
             "kind": "diagnostic", "round": r, "name": "circuits", "seconds": 0.5, "mean": mean,
-            "pairs": {"intra_client": 3, "inter_client": 3, "local_to_global": 3},
-            "undefined": {"intra_client": 0, "inter_client": 0, "local_to_global": 0},
+            "pairs": {key: 3 for key in mean}, "undefined": {key: 0 for key in mean},
             "empty": {"intra_client": 2, "inter_client": 0, "local_to_global": 3 if empty_circuits else 1,
                       "inter_class_local": 0, "inter_class_global": 0},
             "per_class": {"0": {"clients": [0, 1], "intra_client": intra, "intra_client_empty": 2}},
@@ -455,3 +454,21 @@ def test_an_all_empty_circuit_round_is_flagged_and_satisfies_no_bound(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "0.00 ± 0.00 (n=2), 6 empty ⚑ mostly empty circuits in 2/2 seeds" in md
     assert "intra-client" in md and "0.60 ± 0.00 (n=2), 4 empty |" in md  # 2 of 3 empty: not mostly
+
+
+def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatch):
+    """``fedmech plot``'s accuracy curve writes the flag at each round where the global
+    model predicts one class, with the rule under the axes."""
+    from fedmech_flwr import plotting
+
+    drawn = {}
+    real = plotting.line_plot
+    def line_plot(lines, title, *args, **kwargs):
+        drawn[title] = kwargs
+        return real(lines, title, *args, **kwargs)
+
+    monkeypatch.setattr(plotting, "line_plot", line_plot)
+    plotting.plot_run(write_run(tmp_path / "run", config(0), accuracy=0.25, collapsed=True))
+    accuracy = drawn["Accuracy over rounds"]
+    assert accuracy["notes"] == {"global model (test)": {r: "⚑ one class 100%" for r in (0, 1, 2)}}
+    assert accuracy["footnote"].startswith("⚑ one class: the global model predicts one class for more than 90%")
