@@ -41,8 +41,8 @@ from diagnostics.misalignment import Misalignment, MisalignmentConfig
 from fedmech_flwr.data import CIFAR10Config, load_dataset
 from fedmech_flwr.heads import features
 from fedmech_flwr.models import build_model
+from fedmech_flwr.outputs import DEGENERATE_FRACTION
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, overall_sparsity
-from fedmech_flwr.training import DEGENERATE_FRACTION
 
 CLIENT_CLASSES = [0, 1, 2]
 

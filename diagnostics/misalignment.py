@@ -69,9 +69,10 @@ from fedmech_flwr.heads import (
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
 from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, one_class
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
 from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import DEGENERATE_FRACTION, seed_everything
+from fedmech_flwr.training import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,24 @@ def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: 
     head_set_per_class(params.head_samples, data.audit_per_class - val, data.num_classes, f"{where}.head_samples")
 
 
-@DIAGNOSTICS.register("misalignment", MisalignmentConfig, check=check_misalignment)
+def _head(label: str, key: str) -> Metric:
+    return Metric(label, (key, "accuracy"), "%", better="higher", flag=one_class((key,)))
+
+
+OUTPUTS = Outputs(
+    "Preserved or misaligned (misalignment diagnostic)",
+    {"global": _head("global", "global"), "probe": _head("probe", "probe"),
+     "realigned": _head("realigned (val-selected)", "realigned"),
+     "realigned_test_selected": _head("realigned (test-selected)", "realigned_test_selected"),
+     "ncm": _head("NCM", "ncm"), "ccvr": _head("CCVR", "ccvr"), "tau_norm": _head("tau-norm", "tau_norm"),
+     "gaps.probe": Metric("probe − global", ("gaps", "probe"), "pp", flag=one_class(("global",), ("probe",))),
+     "gaps.realigned": Metric("realigned − global", ("gaps", "realigned"), "pp",
+                              flag=one_class(("global",), ("realigned",)))},
+    curves=("gaps.probe",), headline=("probe", "gaps.probe"), by_skew=("global", "probe", "realigned"))
+"""Every head's accuracy (one-class heads flagged) and the gaps the paper's claim is about."""
+
+
+@DIAGNOSTICS.register("misalignment", MisalignmentConfig, check=check_misalignment, outputs=OUTPUTS)
 class Misalignment(Diagnostic):
     """Global head vs linear probe vs realigned head, every due round."""
 

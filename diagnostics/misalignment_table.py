@@ -23,8 +23,8 @@ from typing import Any
 from diagnostics.misalignment import degenerate_heads
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.outputs import DEGENERATE_FRACTION
 from fedmech_flwr.run_folder import CONFIG_FILE, read_records
-from fedmech_flwr.training import DEGENERATE_FRACTION
 from fedmech_flwr.yaml_text import read_yaml_file
 
 COLUMNS = {

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.plotting import line_plot
 
 
@@ -45,7 +46,17 @@ def support_iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(sa, sb).sum() / union) if union else 1.0
 
 
-@DIAGNOSTICS.register("weight_divergence", WeightDivergenceConfig)
+OUTPUTS = Outputs("Client drift (weight_divergence diagnostic)", {
+    "mean.relative_distance": Metric("client drift ||w_i - g|| / ||g||", ("mean", "relative_distance"), "ratio", 3,
+                                     better="lower"),
+    "mean.update_cosine": Metric("cos(client update, global update)", ("mean", "update_cosine"), "cosine", 3,
+                                 better="higher"),
+    "mean.support_iou": Metric("non-zero support IoU, client vs global", ("mean", "support_iou"), "IoU", 2),
+}, curves=("mean.relative_distance", "mean.update_cosine"), headline=("mean.update_cosine",))
+"""The means over the round's clients."""
+
+
+@DIAGNOSTICS.register("weight_divergence", WeightDivergenceConfig, outputs=OUTPUTS)
 class WeightDivergence(Diagnostic):
     """Per-client drift from the global model, update alignment and mask overlap."""
 

@@ -270,11 +270,19 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    """Redraw a run's plots with its recorded plug-ins imported; exit 1 when one of them
+    cannot be (its plots are skipped, the rest drawn)."""
     from fedmech_flwr.plotting import plot_run
+    from fedmech_flwr.report import import_plugins, read_inputs
 
+    run_dir = Path(args.run_dir)
+    runs = read_inputs([run_dir])[1] if (run_dir / CONFIG_FILE).is_file() else []  # else plot_run says what is wrong
+    not_imported = import_plugins(runs, args.plugin)
     for path in plot_run(args.run_dir):
         print(path)
-    return EXIT_OK
+    for problem in not_imported:
+        print(f"Not drawn: the plots of {problem}", file=sys.stderr)
+    return EXIT_FAILED if not_imported else EXIT_OK
 
 
 PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
@@ -283,7 +291,7 @@ PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
 def cmd_report(args: argparse.Namespace) -> int:
     from fedmech_flwr.report import write_report
 
-    print(f"Report: {write_report(args.paths, args.out, args.paper)}")
+    print(f"Report: {write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin)}")
     return EXIT_OK
 
 
@@ -387,12 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
     p.add_argument("run_dir")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="also import this plug-in module (repeatable); the run's own plugins: are imported anyway")
     p.set_defaults(fn=cmd_plot)
     p = sub.add_parser("report", help="one page (HTML, Markdown, summary.json) over a sweep folder or run folders")
     p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the report goes")
     p.add_argument("--paper", type=Path, metavar="FILE", default=PAPER_VALUES,
                    help="published values to show next to matching groups (default: experiments/paper/values.yaml)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
     p.set_defaults(fn=cmd_report)
     plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
     for name in COMMANDS.names():

@@ -201,7 +201,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     from fedmech_flwr.hooks import DIAGNOSTICS
     from fedmech_flwr.partition import plot_label_distribution
     from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
-    from fedmech_flwr.training import DEGENERATE_FRACTION
+    from fedmech_flwr.outputs import DEGENERATE_FRACTION
 
     run_dir = Path(run_dir)
     plots = run_dir / PLOTS_DIR

@@ -64,6 +64,10 @@ class Entry(Generic[F]):
     source: str = BUILT_IN
     """How that module was loaded: ``built-in``, the experiment key that listed it (``x.yaml:
     plugins[0]``), or the entry point (``entry point 'median' of my-lab 0.1``)."""
+    outputs: Any = None
+    """What a diagnostic or strategy records, an ``fedmech_flwr.outputs.Outputs`` (which
+    reads the registries, so it is not imported here): the report, the sweep's progress
+    line and the published-value checks show these."""
 
     @property
     def origin(self) -> str:
@@ -90,10 +94,12 @@ class Registry(Generic[F]):
         pairs_with: tuple[str, ...] = (),
         check: Callable[..., None] | None = None,
         module: str | None = None,
+        outputs: Any = None,
     ) -> Callable[[F], F]:
         """Decorator: register ``factory`` under ``name`` with its config dataclass (and
-        optionally its partners and its ``check``, see ``Entry``). ``module`` (default: the
-        module calling this) is recorded as the entry's, with the ``source`` it was loaded by."""
+        optionally its partners, its ``check`` and its ``outputs``, see ``Entry``).
+        ``module`` (default: the module calling this) is recorded as the entry's, with the
+        ``source`` it was loaded by."""
         module = module or sys._getframe(1).f_globals.get("__name__", "?")  # the module body registering
         source = _sources[-1] if _sources else BUILT_IN
 
@@ -103,7 +109,8 @@ class Registry(Generic[F]):
                     f"{self.kind} '{name}' is already registered by {self._entries[name].origin}; "
                     f"{module} ({source}) registers it again: rename one of them"
                 )
-            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with, check, module, source)
+            self._entries[name] = Entry(name, factory, config_cls or _NoParams, pairs_with, check, module, source,
+                                        outputs)
             return factory
 
         return decorator

@@ -1,11 +1,15 @@
 """``fedmech report SWEEP_DIR | RUN_DIR ... --out DIR``: one page over many runs.
 
 Runs whose configs differ only by their seed form a group. For each group the report gives
-the mean ± 95% confidence interval (Student t over seeds, n shown) of every metric in
-``METRICS`` at each run's final round, per-round curves with seed bands, per-class recall
-heatmaps, a strategy leaderboard (when strategies or clients vary), published values next
-to the groups they describe, and where every run came from. Only completed runs enter the
-statistics; running, failed and pending runs are listed with their status and error.
+the mean ± 95% confidence interval (Student t over seeds, n shown) of every declared metric
+(``fedmech_flwr.outputs``: the global model's, each diagnostic's and the strategy's) at
+each run's final round, with the flags of its validity rule: the declared skew figure
+first, each group's protocol beside the paper's, per-round curves with seed bands,
+per-class recall heatmaps, a strategy leaderboard (when strategies or clients vary),
+published values held against the groups they describe (``fedmech_flwr.published``), and
+where every run came from. Each run's recorded ``plugins:`` are imported first. Only
+completed runs enter the statistics; running, failed and pending runs are listed with their
+status and error.
 
 Writes into DIR::
 
@@ -29,14 +33,14 @@ import math
 import re
 import textwrap
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.config import differing_keys, flatten_plain
+from fedmech_flwr import plugins
+from fedmech_flwr.config import differing_keys, flatten_plain, load_plugins
 from fedmech_flwr.errors import BadFileError, ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.plotting import LevelPanel, band_plot, heatmap, level_plot
@@ -48,10 +52,10 @@ from fedmech_flwr.run_folder import (
     read_status,
     writer_gone,
 )
+from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, lookup, records_of
 from fedmech_flwr.published import PaperValue, PaperValues, Verdict, read_paper_values, verdict
 from fedmech_flwr.stats import difference_ci, mean_ci
 from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
-from fedmech_flwr.training import DEGENERATE_FRACTION
 from fedmech_flwr.yaml_text import read_yaml_file
 
 log = logging.getLogger(__name__)
@@ -61,107 +65,8 @@ NOT_COMPARED = ("seed", "name", "output_root")
 """Config keys that do not make runs different experiments."""
 PER_FIGURE = 10
 """Groups per figure; more are split over several."""
-
-
-@dataclass(frozen=True)
-class Metric:
-    label: str
-    record: str
-    """``eval``, or the name of the diagnostic whose records hold the value."""
-    path: tuple[str, ...]
-    """Keys into the record."""
-    unit: str
-    """``%`` and ``pp`` (records hold fractions, shown x 100), ``IoU`` and ``R^2`` (as is)."""
-    decimals: int = 1
-    empty: tuple[str, ...] | None = None
-    """Keys to the count of empty circuits, reported next to an IoU."""
-    per: tuple[str, ...] | None = None
-    """Keys to a denominator: the value is ``path / per`` (e.g. shared concepts / dictionary size)."""
-    flag: Callable[[dict[str, Any]], str | None] | None = None
-    """The validity rule: a record's flag (e.g. "one class") when the value must not be read
-    as a measurement; a flagged value is marked wherever shown and satisfies no bound."""
-
-    def display(self, value: float) -> float:
-        return 100 * value if self.unit in ("%", "pp") else value
-
-
-def one_class(*heads: tuple[str, ...]) -> Callable[[dict[str, Any]], str | None]:
-    """Flag a value that rests on a one-class predictor: any of ``heads`` (paths to scores
-    with ``max_predicted_fraction``) predicts one class for more than ``DEGENERATE_FRACTION``
-    of the test images."""
-    def rule(record: dict[str, Any]) -> str | None:
-        fractions = [_lookup(record, (*head, "max_predicted_fraction")) for head in heads]
-        return "one class" if any(isinstance(f, float) and f > DEGENERATE_FRACTION for f in fractions) else None
-    return rule
-
-
-def mostly_empty(key: str) -> Callable[[dict[str, Any]], str | None]:
-    """Flag an IoU of which at least half the circuits behind it are empty (an empty
-    circuit's IoU with any other is 0 or undefined: it measures emptiness, not overlap)."""
-    def rule(record: dict[str, Any]) -> str | None:
-        pairs = sum(v for part in ("pairs", "undefined") if isinstance(v := _lookup(record, (part, key)), float))
-        empty = _lookup(record, ("empty", key))
-        return "mostly empty circuits" if pairs and isinstance(empty, float) and empty >= pairs else None
-    return rule
-
-
-def not_fit(record: dict[str, Any]) -> str | None:
-    """Flag a USAE whose dictionary does not reconstruct its models (``fit`` false)."""
-    return "USAE not fit" if record.get("fit") is False else None
-
-
-def _misalignment(label: str, key: str) -> Metric:
-    return Metric(label, "misalignment", (key, "accuracy"), "%", flag=one_class((key,)))
-
-
-def _circuit_iou(label: str, key: str) -> Metric:
-    return Metric(label, "circuits", ("mean", key), "IoU", 2, ("empty", key), flag=mostly_empty(key))
-
-
-def _usae(label: str, path: tuple[str, ...], unit: str, per: tuple[str, ...] | None = None) -> Metric:
-    return Metric(label, "usae", path, unit, 1 if unit == "%" else 2, per=per, flag=not_fit)
-
-
-METRICS: dict[str, Metric] = {
-    "eval.accuracy": Metric("global test accuracy", "eval", ("accuracy",), "%", flag=one_class(())),
-    "eval.sparsity": Metric("actual sparsity", "eval", ("sparsity",), "%", 2),
-    "misalignment.global": _misalignment("global", "global"),
-    "misalignment.probe": _misalignment("probe", "probe"),
-    "misalignment.realigned": _misalignment("realigned (val-selected)", "realigned"),
-    "misalignment.realigned_test_selected": _misalignment("realigned (test-selected)", "realigned_test_selected"),
-    "misalignment.ncm": _misalignment("NCM", "ncm"),
-    "misalignment.ccvr": _misalignment("CCVR", "ccvr"),
-    "misalignment.tau_norm": _misalignment("tau-norm", "tau_norm"),
-    "misalignment.gaps.probe": Metric("probe − global", "misalignment", ("gaps", "probe"), "pp",
-                                      flag=one_class(("global",), ("probe",))),
-    "misalignment.gaps.realigned": Metric("realigned − global", "misalignment", ("gaps", "realigned"), "pp",
-                                          flag=one_class(("global",), ("realigned",))),
-    "circuits.intra_client": _circuit_iou("intra-client", "intra_client"),
-    "circuits.inter_client": _circuit_iou("inter-client", "inter_client"),
-    "circuits.local_to_global": _circuit_iou("local-to-global", "local_to_global"),
-    "usae.shared_of_dictionary": _usae("shared concepts / dictionary size (fires once)",
-                                       ("overlap", "fires_once", "shared"), "%", per=("dict_size",)),
-    "usae.overlap": _usae("shared / alive concepts (fires once; the project's rule)",
-                          ("overlap", "fires_once", "overlap"), "%"),
-    "usae.overlap_thresholded": _usae("shared / alive concepts (above threshold; the project's rule)",
-                                      ("overlap", "thresholded", "overlap"), "%"),
-    "usae.r2_cross_mean": _usae("mean cross reconstruction", ("r2_cross_mean",), "R^2"),
-}
-"""Every number the report summarises, keyed as in summary.json and the paper-values file;
-values are in the unit shown (percent, percentage points, IoU or R^2). The USAE's concept
-rules (fires at least once, above a threshold) are the project's: the paper's texts state
-none."""
-
-TABLES = {"eval": "Global model", "misalignment": "Preserved or misaligned (misalignment diagnostic)",
-          "circuits": "Circuit IoU (circuits diagnostic)", "usae": "Universal SAE (usae diagnostic)"}
-CURVES = [("accuracy", "eval.accuracy", (0.0, 100.0)), ("probe_gap", "misalignment.gaps.probe", None),
-          *[(f"circuits_{k}", f"circuits.{k}", (0.0, 1.05)) for k in ("intra_client", "inter_client",
-                                                                        "local_to_global")]]
-"""Per-round figures: file stem, metric, y range. A metric measured at fewer than
-``MIN_CURVE_ROUNDS`` rounds gets no curve (the headline figure and the tables show it)."""
 MIN_CURVE_ROUNDS = 3
-HEADLINE = ("misalignment.global", "misalignment.probe", "misalignment.realigned")
-"""The paper's claim in one figure: these accuracies against the skew level."""
+"""A declared curve of a metric measured at fewer rounds is not drawn (the tables show it)."""
 PROTOCOL = [("clients", "federation.num_clients"), ("rounds", "federation.num_rounds"),
             ("local epochs", "train.epochs"), ("samples per client round", "train.max_samples_per_round"),
             ("sparsity target", "pruning.target_sparsity")]
@@ -175,7 +80,6 @@ AXIS_NAMES = {"data.dataset": "dataset", "data.partition": "label skew", "prunin
 """Readable names of config keys used as axes; others show their last component."""
 DEGENERATE_NOTE = (f"⚑ one class k/n: in k of the n seeds the model predicts one class for more than "
                    f"{DEGENERATE_FRACTION:.0%} of the test images; its column averages such predictors")
-_ABSENT = object()
 
 
 def axis_name(key: str) -> str:
@@ -205,9 +109,7 @@ class Run:
     class_names: list[str] | None = None
 
     def records_of(self, source: str) -> list[dict[str, Any]]:
-        if source == "eval":
-            return [r for r in self.records if r["kind"] == "eval"]
-        return [r for r in self.records if r["kind"] == "diagnostic" and r.get("name") == source]
+        return records_of(self.records, source)
 
 
 @dataclass
@@ -410,20 +312,6 @@ def make_groups(manifest: dict[str, Any] | None, runs: list[Run]) -> list[Group]
 # --- statistics -------------------------------------------------------------------------
 
 
-def _lookup(record: dict[str, Any], path: tuple[str, ...]) -> Any:
-    """A record's value at ``path``: ``_ABSENT`` when the record lacks the first key (not
-    measured in that run); None when a deeper key is missing or the value is null or NaN."""
-    if path[0] not in record:
-        return _ABSENT
-    value: Any = record
-    for key in path:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
 def _last_value(metric: Metric, run: Run) -> tuple[dict[str, Any], Any, str | None] | None:
     """``(record, value, flag)`` of ``metric`` at the run's last record holding it: value
     None when undefined; None when the run did not measure it."""
@@ -431,11 +319,11 @@ def _last_value(metric: Metric, run: Run) -> tuple[dict[str, Any], Any, str | No
     if not records:
         return None
     last = max(records, key=lambda r: r["round"])
-    value = _lookup(last, metric.path)
-    if value is _ABSENT:
+    value = lookup(last, metric.path)
+    if value is ABSENT:
         return None
     if value is not None and metric.per:
-        per = _lookup(last, metric.per)
+        per = lookup(last, metric.per)
         value = value / per if isinstance(per, float) and per else None
     return last, value, metric.flag(last) if metric.flag else None
 
@@ -452,7 +340,7 @@ def group_stat(metric: Metric, runs: list[Run], confidence: float = 0.95) -> Sta
         measured = True
         last, value, flag = found
         rounds.add(last["round"])
-        if metric.empty and isinstance(count := _lookup(last, metric.empty), float):
+        if metric.empty and isinstance(count := lookup(last, metric.empty), float):
             empty += int(count)
         if flag:
             flags[flag] += 1
@@ -522,7 +410,7 @@ def _control(group: Group, than: dict[str, Any], groups: list[Group]) -> Group |
 
     own = rest(group.config)
     return next((g for g in groups if g is not group and rest(g.config) == own
-                 and all(flatten_plain(g.config).get(k, _ABSENT) == v for k, v in than.items())), None)
+                 and all(flatten_plain(g.config).get(k, ABSENT) == v for k, v in than.items())), None)
 
 
 def _flags(*stats: tuple[str, Stat | None]) -> str | None:
@@ -532,7 +420,7 @@ def _flags(*stats: tuple[str, Stat | None]) -> str | None:
 
 def _judge(paper: PaperValue, group: Group, groups: list[Group], same: bool) -> Comparison:
     """The bound or the direction of ``paper`` held against ``group``'s interval."""
-    metric, stat = METRICS[paper.metric], group.stats[paper.metric]
+    metric, stat = declared()[paper.metric], group.stats[paper.metric]
     out = Comparison(paper, group, same)
     if paper.relation in ("<", ">"):
         out.check = f"{paper.relation} {_number(metric, paper.value)} (bound)"
@@ -547,12 +435,12 @@ def _judge(paper: PaperValue, group: Group, groups: list[Group], same: bool) -> 
         if not same:
             out.result = Verdict(None, "not compared: a level, at another protocol")
         return out
-    out.check = direction.describe(lambda key: METRICS[key].label)
+    out.check = direction.describe(lambda key: declared()[key].label)
     other, whose = None, ""
     if direction.than is not None:
         mean, half = stat.mean, stat.half_width
     elif direction.than_metric:
-        other, whose = group.stats.get(direction.than_metric), f"{METRICS[direction.than_metric].label}: "
+        other, whose = group.stats.get(direction.than_metric), f"{declared()[direction.than_metric].label}: "
         paired = [v - other.values[run] for run, v in stat.values.items() if other and run in other.values]
         mean, half, _ = mean_ci(paired) if paired else (None, None, 0)
     else:
@@ -600,7 +488,7 @@ def _series(metric: Metric, runs: list[Run]) -> tuple[list[tuple[int, float, flo
     flagged = {}
     for run in runs:
         for record in run.records_of(metric.record):
-            if isinstance(value := _lookup(record, metric.path), float):
+            if isinstance(value := lookup(record, metric.path), float):
                 by_round[record["round"]].append(metric.display(value))
                 if metric.flag and (flag := metric.flag(record)):
                     flagged[record["round"]] = flag
@@ -625,8 +513,8 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
     """Per-round curves of the completed runs, one line per group, with seed bands and
     flagged rounds ringed; none for a metric measured at fewer than ``MIN_CURVE_ROUNDS``."""
     out = []
-    for stem, key, ylim in CURVES:
-        metric = METRICS[key]
+    for key in (f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.curves):
+        metric, stem = declared()[key], key.replace(".", "_")
         lines, flags = {}, {}
         for group in groups:
             points, n, flagged = _series(metric, group.completed)
@@ -643,7 +531,7 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
             ylabel = f"{metric.label} ({metric.unit})"
             flagged = {label: set(flags[label]) for label, _ in chunk if flags[label]}
             names = sorted({name for label, _ in chunk for name in flags[label].values()})
-            path = band_plot(dict(chunk), title, ylabel, plots / _file_name(stem, part, len(chunks)), ylim,
+            path = band_plot(dict(chunk), title, ylabel, plots / _file_name(stem, part, len(chunks)), metric.limits,
                              flagged=flagged, flag_label=", ".join(names) + " (ringed)")
             out.append((path, title))
     return out
@@ -680,9 +568,10 @@ def _short_flags(stat: Stat) -> str | None:
 def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Path,
                   paper: PaperValues | None) -> list[tuple[Path, str]]:
     """The paper's claim as one figure: per dataset x model (every config key but the
-    partition and the pruning mode), ``HEADLINE`` accuracies against the skew level, the
+    partition and the pruning mode), the declared ``by_skew`` accuracies against the skew level, the
     dense control hollow, flagged values ringed, published values as stars."""
-    measured = [g for g in groups if any(k in g.stats for k in HEADLINE)]
+    keys = [f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.by_skew]
+    measured = [g for g in groups if any(k in g.stats for k in keys)]
     if not measured:
         return []
     panels: dict[str, list[Group]] = defaultdict(list)
@@ -697,13 +586,13 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
         panel = LevelPanel(title, [label for _, label in levels])
         for g in members:
             level = index[_skew_level(g.config)[1]]
-            for key in HEADLINE:
+            for key in keys:
                 if (stat := g.stats.get(key)) and stat.mean is not None:
-                    panel.series.setdefault((METRICS[key].label, _is_control(g.config)), []).append(
+                    panel.series.setdefault((declared()[key].label, _is_control(g.config)), []).append(
                         (level, stat.mean, stat.half_width, _short_flags(stat)))
         for c in comparisons:
-            if c.group in members and c.paper.metric in HEADLINE and c.paper.relation in ("=", "≈"):
-                point = (index[_skew_level(c.group.config)[1]], c.paper.value, METRICS[c.paper.metric].label)
+            if c.group in members and c.paper.metric in keys and c.paper.relation in ("=", "≈"):
+                point = (index[_skew_level(c.group.config)[1]], c.paper.value, declared()[c.paper.metric].label)
                 panel.published += [point] if point not in panel.published else []
                 same.add(c.same_protocol)
         drawn.append(panel)
@@ -711,8 +600,8 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     label = f"published ({paper.paper}), {protocol}" if paper else "published"
     path = level_plot(drawn, "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
                       ylim=(0.0, 100.0))
-    caption = (f"{', '.join(METRICS[k].label for k in HEADLINE)} accuracy against label skew: mean and 95% interval "
-               "over seeds (n in the tables below)")
+    caption = (f"{', '.join(declared()[k].label for k in keys)} accuracy against label skew: mean and 95% "
+               "interval over seeds (n in the tables below)")
     if any(control for p in drawn for _, control in p.series):
         caption += "; hollow squares and dashed lines: the dense control"
     if any(point[3] for p in drawn for points in p.series.values() for point in points):
@@ -823,7 +712,7 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
         if _is_control(g.config) and "pruning.target_sparsity" in dict(columns).values():
             cells[[key for _, key in columns].index("pruning.target_sparsity")] = "dense"
         rows.append([g.label, *cells, _setting(g.config.get("model")),
-                     format_stat(METRICS["eval.sparsity"], sparsity), ", ".join(str(r.seed) for r in g.runs)])
+                     format_stat(declared()["eval.sparsity"], sparsity), ", ".join(str(r.seed) for r in g.runs)])
     blocks: list[str | list[str] | Table | Image] = [Table(header, rows)]
     if protocols:
         blocks.insert(0, "What the paper's public texts state of its protocol (“not stated”: nothing in them), "
@@ -835,12 +724,13 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
 
 def _metric_tables(groups: list[Group]) -> list[Section]:
     sections = []
-    for source, title in TABLES.items():
-        keys = [k for k, m in METRICS.items() if m.record == source and any(k in g.stats for g in groups)]
+    for source, outputs in declarations().items():
+        keys = [k for k, m in declared().items() if m.record == source and any(k in g.stats for g in groups)]
+        title = outputs.title
         if not keys:
             continue
-        header = ["group", "runs", *[f"{METRICS[k].label} ({METRICS[k].unit})" for k in keys]]
-        rows = [[g.label, g.runs_text, *[format_stat(METRICS[k], g.stats.get(k)) for k in keys]] for g in groups]
+        header = ["group", "runs", *[f"{declared()[k].label} ({declared()[k].unit})" for k in keys]]
+        rows = [[g.label, g.runs_text, *[format_stat(declared()[k], g.stats.get(k)) for k in keys]] for g in groups]
         sections.append(Section(title, [Table(header, rows)]))
     return sections
 
@@ -849,7 +739,7 @@ def _result_text(c: Comparison) -> str:
     """``holds: +5.1 ± 2.0 pp``: the verdict and the interval it rests on."""
     if c.result is None:
         return "–"
-    metric = METRICS[c.paper.metric]
+    metric = declared()[c.paper.metric]
     if c.shown is None:
         return c.result.text
     mean, half = c.shown
@@ -867,7 +757,7 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
     points = any(c.difference is not None for c in comparisons)
     rows = []
     for c in comparisons:
-        metric = METRICS[c.paper.metric]
+        metric = declared()[c.paper.metric]
         row = [f"{metric.label} ({metric.unit})", c.group.label,
                f"{c.paper.relation} {_number(metric, c.paper.value, metric.unit == 'pp')} [{number[id(c.paper)]}]",
                format_stat(metric, c.stat), c.check, _result_text(c)]
@@ -886,7 +776,7 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
         Table(header, rows)]
     if unmatched:
         blocks.append("Not measured by any group here: " + "; ".join(
-            f"{METRICS[v.metric].label} {v.relation} {_number(METRICS[v.metric], v.value)} [{number[id(v)]}]"
+            f"{declared()[v.metric].label} {v.relation} {_number(declared()[v.metric], v.value)} [{number[id(v)]}]"
             for v in unmatched) + ".")
     notes = []
     for v in values:
@@ -919,7 +809,10 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
         column = str(flat.get("data.partition.name")) + (f"({', '.join(partition)})" if partition else "")
         columns += [column] if column not in columns else []
         cells[row][column] = g
-    accuracy, gap = METRICS["eval.accuracy"], METRICS["misalignment.gaps.probe"]
+    metrics = declared()
+    accuracy = metrics["eval.accuracy"]
+    headline = [f"{record}.{k}" for record, outputs in declarations().items() if record != "eval"
+                for k in outputs.headline]
 
     def score(row: str) -> float:
         means = [s.mean for g in cells[row].values() if (s := g.stats.get("eval.accuracy")) and s.mean is not None]
@@ -931,13 +824,14 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
         for column in columns:
             g = cells[row].get(column)
             text = format_stat(accuracy, g.stats.get("eval.accuracy")) if g else "–"
-            if g and "misalignment.gaps.probe" in g.stats:
-                text += f"; gap {format_stat(gap, g.stats['misalignment.gaps.probe'])}"
+            for key in headline if g else []:
+                if key in g.stats:
+                    text += f"; {metrics[key].label} {format_stat(metrics[key], g.stats[key])}"
             texts.append(text)
         rows.append([row, *texts, "–" if score(row) == -math.inf else f"{score(row):.1f}"])
     return Section("Strategy leaderboard", [
-        "Final global test accuracy (%) and, where measured, the probe − global gap (pp), mean ± 95% CI over "
-        "seeds; rows sorted by the mean over columns.",
+        "Final global test accuracy (%) and, where measured, each diagnostic's and the strategy's headline "
+        "metrics, mean ± 95% CI over seeds; rows sorted by the mean accuracy over columns.",
         Table(["strategy + client", *columns, "mean over columns (%)"], rows)])
 
 
@@ -966,7 +860,8 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
                    unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
-                   images: list[tuple[Path, str]], paths: list[Path]) -> tuple[str, list[Section]]:
+                   images: list[tuple[Path, str]], paths: list[Path],
+                   not_imported: list[str]) -> tuple[str, list[Section]]:
     """The report's title and sections, shared by the HTML page and the Markdown file: the
     claim's figure first, then the protocol it was measured at, the groups, the tables."""
     axes = list(dict.fromkeys(a for g in groups for a in g.axes))
@@ -980,12 +875,16 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
              "behind it (n=1: no interval). Only completed runs enter the statistics; the others are listed below. "
              "Accuracies are percent, gaps percentage points (pp); IoUs and R^2 are fractions. An undefined IoU "
              "(two empty circuits) never enters a mean: it is counted, with the empty circuits. A value its "
-             "diagnostic flags is marked ⚑ with the number of seeds (a one-class model: it predicts one class for "
-             f"more than {DEGENERATE_FRACTION:.0%} of the test images; mostly empty circuits: at least half the "
-             "circuits behind an IoU are empty; a USAE that did not fit); it never satisfies a published bound."]
+             "metric's validity rule flags is marked ⚑ with the number of seeds (e.g. one class: the model "
+             f"predicts one class for more than {DEGENERATE_FRACTION:.0%} of the test images, so its accuracy is "
+             "chance); it never satisfies a published bound."]
     left_out = [f"{r.name} (group {g.label}, seed {r.seed}): {r.status}" + (f": {r.error}" if r.error else "")
                 for g in groups for r in g.runs if r.status != "completed"]
     sections = []
+    if not_imported:
+        sections.append(Section("Plug-ins that could not be imported", [
+            "These runs list plug-ins under `plugins:` that this Python environment cannot import, so the metrics "
+            "those plug-ins declare are left out below: install them, or pass `--plugin MODULE`.", not_imported]))
     if headline:
         sections.append(Section("Preserved or misaligned: the headline", [Image(p, c) for p, c in headline]))
     sections.append(_protocol_section(groups, paper, comparisons))
@@ -1092,7 +991,7 @@ def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: l
         "interval": "Student t over seeds at each run's final round; completed runs only",
         "degenerate_fraction": DEGENERATE_FRACTION,
         "metrics": {k: {"label": m.label, "unit": m.unit, "record": m.record, "path": ".".join(m.path)}
-                    for k, m in METRICS.items()},
+                    for k, m in declared().items()},
         "sweep": None if manifest is None else {k: manifest.get(k) for k in ("name", "preset", "seeds", "axes")},
         "differing_keys": differing_keys([g.config for g in groups]),
         "groups": [{
@@ -1110,8 +1009,25 @@ def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: l
     }
 
 
+def import_plugins(runs: list[Run], extra: list[str] = ()) -> list[str]:
+    """Import the built-in and installed plug-ins, the ``extra`` modules (``--plugin``) and
+    every run's recorded ``plugins:``, so that their declared metrics are read; for the
+    runs whose plug-ins cannot be imported here, one line each saying why."""
+    for module in extra:
+        plugins.import_plugin(module, f"--plugin {module}")
+    problems = {}
+    for run in runs:
+        try:
+            load_plugins(run.config, str(run.path / CONFIG_FILE))
+        except ConfigError as err:
+            problems[run.name] = f"{run.name}: {err}"
+    for problem in problems.values():
+        log.warning("%s; its plug-ins' metrics are left out of the report", problem)
+    return list(problems.values())
+
+
 def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str | Path | None = None,
-                 confidence: float = 0.95) -> Path:
+                 confidence: float = 0.95, extra_plugins: list[str] = ()) -> Path:
     """Write index.html, report.md, plots/ and summary.json for a sweep folder or run
     folders into ``out_dir``; return the path of index.html."""
     paths = [Path(p).expanduser().resolve() for p in paths]
@@ -1119,15 +1035,17 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     manifest, runs = read_inputs(paths)
     if not runs:
         raise ConfigError(f"no runs to report on in {', '.join(map(str, paths))}", "fedmech report")
+    not_imported = import_plugins(runs, extra_plugins)
     groups = make_groups(manifest, runs)
     for group in groups:
-        group.stats = {k: s for k, m in METRICS.items() if (s := group_stat(m, group.completed, confidence))}
-    paper = read_paper_values(Path(paper_file), METRICS) if paper_file else None
+        group.stats = {k: s for k, m in declared().items() if (s := group_stat(m, group.completed, confidence))}
+    paper = read_paper_values(Path(paper_file), declared()) if paper_file else None
     comparisons, unmatched = compare(paper, groups) if paper else ([], [])
     plots = out_dir / PLOTS_DIR
     headline = plot_headline(groups, comparisons, plots, paper)
     images = plot_curves(groups, plots) + plot_per_class(groups, plots)
-    title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths)
+    title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths,
+                                     not_imported)
     write_text_atomic(out_dir / MARKDOWN_FILE, to_markdown(title, sections, out_dir))
     write_text_atomic(out_dir / SUMMARY_FILE, json.dumps(
         summary(manifest, groups, comparisons, unmatched, paper, confidence), indent=1, allow_nan=False) + "\n")

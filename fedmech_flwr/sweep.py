@@ -58,6 +58,7 @@ from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.launch import launch, stop_all
+from fedmech_flwr.outputs import declarations, lookup, records_of, show
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     FolderLock,
@@ -68,7 +69,6 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
-from fedmech_flwr.training import DEGENERATE_FRACTION
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -399,21 +399,23 @@ def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str
 
 
 def headline(run_dir: Path) -> str:
-    """A finished cell's numbers for its progress line: final global accuracy (flagged when
-    the model predicts one class for more than ``DEGENERATE_FRACTION`` of the test images)
-    and, with the misalignment diagnostic, the probe and its gap (percentage points)."""
+    """A finished cell's numbers for its progress line: the declared headline metrics of
+    its last records (the global model's accuracy, then each diagnostic's and the
+    strategy's), each with its flag (``global test accuracy 10.0% ⚑ one class``)."""
     try:
-        evals = read_records(run_dir, "eval")
-        misalignment = [r for r in read_records(run_dir, "diagnostic") if r["name"] == "misalignment"]
+        records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
         return ""
     parts = []
-    if evals:
-        one_class = evals[-1].get("max_predicted_fraction", 0.0) > DEGENERATE_FRACTION
-        parts.append(f"global {100 * evals[-1]['accuracy']:.1f}%" + (" ⚑ one class" if one_class else ""))
-    if misalignment:
-        last = misalignment[-1]
-        parts.append(f"probe {100 * last['probe']['accuracy']:.1f}% ({100 * last['gaps']['probe']:+.1f} pp)")
+    for record, outputs in declarations().items():
+        if not (mine := records_of(records, record)):
+            continue
+        last = max(mine, key=lambda r: r["round"])
+        for key in outputs.headline:
+            metric = outputs.metrics[key]
+            if isinstance(value := lookup(last, metric.path), float):
+                flag = metric.flag(last) if metric.flag else None
+                parts.append(f"{metric.label} {show(metric, value)}" + (f" ⚑ {flag}" if flag else ""))
     return " | ".join(parts)
 
 

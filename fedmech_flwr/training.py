@@ -91,11 +91,6 @@ def recall(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[float
     return (hits.mean().item() if len(y) else 0.0), per_class
 
 
-DEGENERATE_FRACTION = 0.9
-"""A model or head that predicts one class for more than this share of the test images is a
-degenerate predictor: its accuracy hides that it no longer tells the classes apart."""
-
-
 def largest_predicted_class(pred: torch.Tensor, num_classes: int) -> tuple[int, float]:
     """The class predicted most often in ``pred`` and the share of predictions that are it
     (0.0 for no predictions); above ``DEGENERATE_FRACTION`` the predictor is degenerate."""

@@ -11,7 +11,7 @@ import yaml
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.published import read_paper_values, verdict
-from fedmech_flwr.report import METRICS
+from fedmech_flwr.outputs import declared
 from fedmech_flwr.stats import difference_ci
 
 VALUES = Path(__file__).parents[1] / "experiments" / "paper" / "values.yaml"
@@ -63,11 +63,11 @@ def write(tmp_path: Path, **changes) -> Path:
 ])
 def test_a_bad_values_file_names_the_entry_and_key(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
-        read_paper_values(write(tmp_path, **changes), METRICS)
+        read_paper_values(write(tmp_path, **changes), declared())
 
 
 def test_the_values_file_reads_and_names_no_path():
-    paper = read_paper_values(VALUES, METRICS)
+    paper = read_paper_values(VALUES, declared())
     assert paper.paper == "arXiv 2512.23043" and len(paper.values) == 14
     assert "shared/" not in VALUES.read_text().split("paper: ", 1)[1]  # sources are texts, not files
     assert all("machine-generated" in paper.texts[v.text].kind for v in paper.values if v.text == "summary")
@@ -84,7 +84,7 @@ def _normal(text: str) -> str:
 def test_every_quote_is_in_the_text_it_cites():
     """Each quote (its parts around "...", in order) is in its text; a protocol quote in a
     text of its version."""
-    paper = read_paper_values(VALUES, METRICS)
+    paper = read_paper_values(VALUES, declared())
     texts = {key: _normal((TEXTS / name).read_text()) for key, name in TEXT_FILES.items()}
     assert set(texts) == set(paper.texts)
     quotes = [(texts[v.text], v.quote) for v in paper.values]

@@ -43,6 +43,9 @@ def test_a_killed_owners_launch_dies_and_no_other_jobs_process_does(tmp_path):
     try:
         ours = [int(pid) for pid in owner.stdout.readline().split()]
         assert len(ours) == 3
+        deadline = time.monotonic() + 5  # a child between fork and exec shows no command line yet
+        while time.monotonic() < deadline and not set(ours) <= set(launch_processes(home)):
+            time.sleep(0.05)
         assert set(ours) <= set(launch_processes(home))
         assert foreign[0].pid not in launch_processes(home)
         mine = launch_processes_of(owner.pid)  # what the tests that kill a real launch watch

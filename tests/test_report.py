@@ -18,7 +18,8 @@ import yaml
 
 from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.report import METRICS, Stat, format_stat, read_inputs, read_paper_values, write_report
+from fedmech_flwr.outputs import declared
+from fedmech_flwr.report import Stat, format_stat, read_inputs, read_paper_values, write_report
 
 T2 = 4.302652730  # t_{0.975, df=2}
 T1 = 12.706204736  # t_{0.975, df=1}
@@ -319,7 +320,7 @@ def test_the_outputs_are_complete_and_the_markdown_links_its_plots(sweep_report)
     out, _ = sweep_report
     names = sorted(p.name for p in (out / "plots").iterdir())
     # two rounds of diagnostics: too few for curves of the gap and the IoUs (the tables show them)
-    assert names == ["accuracy.png", "headline.png", "per_class_recall.png"]
+    assert names == ["eval_accuracy.png", "headline.png", "per_class_recall.png"]
     md = (out / "report.md").read_text()
     assert all(f"](plots/{name})" in md for name in names)
     page = (out / "index.html").read_text()
@@ -362,7 +363,7 @@ def test_bad_input_names_the_file_and_key(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"paper": "p", "texts": {"t": {"version": "v1", "kind": "k"}}, "values": [
         {"metric": "misalignment.prob", "value": 1, "relation": "=", "where": {}, "text": "t", "quote": "y"}]}))
     with pytest.raises(ConfigError, match=r"values\[0\]\.metric.*|unknown metric 'misalignment.prob'"):
-        read_paper_values(bad, METRICS)
+        read_paper_values(bad, declared())
     run = write_run(tmp_path / "run", config(0))
     assert main(["report", str(run), "--out", str(tmp_path / "out"), "--paper", str(bad)]) == 2
     assert "unknown metric 'misalignment.prob'" in capsys.readouterr().err
@@ -434,7 +435,7 @@ def test_the_page_leads_with_the_claim_in_a_headless_browser(tmp_path):
 
 
 def test_an_undefined_iou_says_whether_empty_circuits_are_the_reason():
-    iou = METRICS["circuits.intra_client"]
+    iou = declared()["circuits.intra_client"]
     assert format_stat(iou, Stat(None, None, 0, undefined=2, empty=4)) == "undefined (4 empty)"
     assert format_stat(iou, Stat(None, None, 0, undefined=3, empty=0)) == "undefined in 3 runs"  # e.g. one round only
     assert format_stat(iou, Stat(0.25, 0.05, 3, empty=1)) == "0.25 ± 0.05 (n=3), 1 empty"
@@ -472,3 +473,71 @@ def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatc
     accuracy = drawn["Accuracy over rounds"]
     assert accuracy["notes"] == {"global model (test)": {r: "⚑ one class 100%" for r in (0, 1, 2)}}
     assert accuracy["footnote"].startswith("⚑ one class: the global model predicts one class for more than 90%")
+
+
+PLUGIN = '''
+from dataclasses import dataclass
+from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic
+from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.plotting import line_plot
+from fedmech_flwr.strategy import STRATEGIES
+
+
+@dataclass
+class GeometryConfig:
+    pass
+
+
+@DIAGNOSTICS.register("{name}_geometry", GeometryConfig, outputs=Outputs("Update geometry", {{
+    "cosine": Metric("update cosine", ("mean", "cosine"), "cosine", 2, better="higher",
+                     flag=lambda r: "no clients" if r["mean"]["clients"] == 0 else None),
+}}, curves=("cosine",), headline=("cosine",)))
+class Geometry(Diagnostic):
+    @classmethod
+    def plot(cls, records, plots_dir, class_names):
+        return [line_plot({{"cosine": [(r["round"], r["mean"]["cosine"]) for r in records]}}, "cosine", "cosine",
+                          plots_dir / "{name}_geometry.png")]
+
+
+@STRATEGIES.register("{name}_krum", GeometryConfig, outputs=Outputs("Krum", {{
+    "krum_selected": Metric("clients Krum selected", ("krum_selected",), "clients", 0),
+}}, headline=("krum_selected",)))
+def krum(**kwargs):
+    raise NotImplementedError
+'''
+
+
+def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeypatch, capsys):
+    """A diagnostic and a strategy from a package outside the repository, named by the
+    runs' plugins:, appear in the report's tables, curves, leaderboard and summary.json,
+    and in `fedmech plot`, with no core edit; a run whose plug-in is gone is named."""
+    name = "own" + str(abs(hash(str(tmp_path))) % 10**6)  # registries are per process: a fresh name
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / f"{name}.py").write_text(PLUGIN.format(name=name))
+    monkeypatch.syspath_prepend(str(tmp_path / "lab"))
+    runs = []
+    for seed, cosine in ((0, 0.5), (1, 0.7)):
+        cfg = {**config(seed), "plugins": [name], "strategy": {"name": f"{name}_krum"}}
+        run = write_run(tmp_path / f"run{seed}", cfg)
+        with open(run / "metrics.jsonl", "a") as fh:
+            for r in (1, 2, 3):
+                fh.write(json.dumps({"kind": "diagnostic", "round": r, "name": f"{name}_geometry",
+                                     "mean": {"cosine": cosine * r / 3, "clients": 3 if seed else 0}}) + "\n")
+                fh.write(json.dumps({"kind": "strategy", "round": r, "krum_selected": 2}) + "\n")
+        runs.append(run)
+    gone = write_run(tmp_path / "gone", {**config(2), "plugins": [f"{name}_missing"]})
+    write_report([*runs, gone], tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    stats = next(g for g in summary["groups"] if g["completed"] == 2)["stats"]
+    assert stats[f"{name}_geometry.cosine"]["mean"] == pytest.approx(0.6)
+    assert stats[f"{name}_geometry.cosine"]["flags"] == {"no clients": 1}
+    assert stats["strategy.krum_selected"]["mean"] == pytest.approx(2.0)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Update geometry" in md and "0.60 ± " in md and "⚑ no clients in 1/2 seeds" in md
+    assert "## Strategy metrics" in md and "clients Krum selected" in md
+    assert f"plots/{name}_geometry_cosine.png" in md  # its declared curve
+    assert "## Plug-ins that could not be imported" in md and f"gone: cannot import plug-in module '{name}_missing'" in md
+    assert main(["plot", str(runs[0])]) == 0
+    assert f"{name}_geometry.png" in capsys.readouterr().out
+    assert main(["plot", str(gone)]) == 1
+    assert "Not drawn: the plots of gone: cannot import plug-in module" in capsys.readouterr().err

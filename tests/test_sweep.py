@@ -221,12 +221,13 @@ def test_check_fits_cpus_and_memory(tmp_path):
 
 
 @pytest.mark.parametrize("fraction, expected", [
-    (1.0, "global 10.0% ⚑ one class | probe 36.6% (+26.6 pp)"),  # predicts one class for every test image
-    (0.3, "global 10.0% | probe 36.6% (+26.6 pp)"),
+    # predicts one class for every test image: the global model and the gap against it are flagged
+    (1.0, "global test accuracy 10.0% ⚑ one class | probe 36.6% | probe − global +26.6 pp ⚑ one class"),
+    (0.3, "global test accuracy 10.0% | probe 36.6% | probe − global +26.6 pp"),
 ])
 def test_the_progress_line_flags_a_one_class_model(tmp_path, fraction, expected):
     records = [{"kind": "eval", "round": 3, "accuracy": 0.1, "max_predicted_fraction": fraction},
-               {"kind": "diagnostic", "round": 3, "name": "misalignment", "probe": {"accuracy": 0.366},
-                "gaps": {"probe": 0.266}}]
+               {"kind": "diagnostic", "round": 3, "name": "misalignment", "global": {"max_predicted_fraction": fraction},
+                "probe": {"accuracy": 0.366, "max_predicted_fraction": 0.2}, "gaps": {"probe": 0.266}}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert headline(tmp_path) == expected

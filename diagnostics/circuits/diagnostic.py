@@ -74,7 +74,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -105,9 +105,10 @@ from fedmech_flwr.hooks import (
     RoundState,
 )
 from fedmech_flwr.masks import pack_masks, to_bools, unpack_masks
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, lookup
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
 from fedmech_flwr.seeds import seed_for, torch_generator
-from fedmech_flwr.training import DEGENERATE_FRACTION, largest_predicted_class
+from fedmech_flwr.training import largest_predicted_class
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,25 @@ def check_circuits(params: CircuitsConfig, cfg: ExperimentConfig, data: DataInfo
                           "set data.audit_per_class > 0", f"{where}.audit")
 
 
-@DIAGNOSTICS.register("circuits", CircuitsConfig, check=check_circuits)
+def mostly_empty(key: str) -> Callable[[dict[str, Any]], str | None]:
+    """Flag an IoU of which at least half the circuits behind it are empty (an empty
+    circuit's IoU with any other is 0 or undefined: it measures emptiness, not overlap)."""
+    def rule(record: dict[str, Any]) -> str | None:
+        pairs = sum(v for part in ("pairs", "undefined") if isinstance(v := lookup(record, (part, key)), float))
+        empty = lookup(record, ("empty", key))
+        return "mostly empty circuits" if pairs and isinstance(empty, float) and empty >= pairs else None
+    return rule
+
+
+OUTPUTS = Outputs("Circuit IoU (circuits diagnostic)", {
+    key: Metric(label, ("mean", key), "IoU", 2, empty=("empty", key), flag=mostly_empty(key))
+    for key, label in (("intra_client", "intra-client"), ("inter_client", "inter-client"),
+                       ("local_to_global", "local-to-global"))
+}, curves=PAIR_KEYS, headline=("local_to_global",))
+"""The mean IoUs over classes, each flagged when mostly empty circuits are behind it."""
+
+
+@DIAGNOSTICS.register("circuits", CircuitsConfig, check=check_circuits, outputs=OUTPUTS)
 class Circuits(Diagnostic):
     """Class circuits per client and of the global model; IoU tracking; ablations."""
 

@@ -28,6 +28,7 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.plotting import line_plot
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,25 @@ def check_usae(params: UsaeDiagnosticConfig, cfg: ExperimentConfig, data: DataIn
         )
 
 
-@DIAGNOSTICS.register("usae", UsaeDiagnosticConfig, check=check_usae)
+def not_fit(record: dict[str, Any]) -> str | None:
+    """Flag a USAE whose dictionary does not reconstruct its models (``fit`` false)."""
+    return "USAE not fit" if record.get("fit") is False else None
+
+
+OUTPUTS = Outputs("Universal SAE (usae diagnostic)", {
+    "shared_of_dictionary": Metric("shared concepts / dictionary size (fires once)",
+                                   ("overlap", "fires_once", "shared"), "%", per=("dict_size",), flag=not_fit),
+    "overlap": Metric("shared / alive concepts (fires once; the project's rule)",
+                      ("overlap", "fires_once", "overlap"), "%", flag=not_fit),
+    "overlap_thresholded": Metric("shared / alive concepts (above threshold; the project's rule)",
+                                  ("overlap", "thresholded", "overlap"), "%", flag=not_fit),
+    "r2_cross_mean": Metric("mean cross reconstruction", ("r2_cross_mean",), "R^2", 2, better="higher", flag=not_fit),
+}, headline=("overlap",))
+"""Concept overlap under the project's rules (the paper's texts state none) and how well
+the shared dictionary reconstructs across models; all flagged when the USAE did not fit."""
+
+
+@DIAGNOSTICS.register("usae", UsaeDiagnosticConfig, check=check_usae, outputs=OUTPUTS)
 class Usae(Diagnostic):
     """Shared and unique concepts of the global and the clients' (or a reference) models."""
 
