@@ -45,6 +45,7 @@ from fedmech_flwr.experiment import (
 )
 from fedmech_flwr.hooks import ClientUpdate, Diagnostic, RoundState
 from fedmech_flwr.node_data import NodeDataSpec
+from fedmech_flwr.outputs import DEGENERATE_FRACTION
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.protocol import SHARD, ClientFailure, Roster, RoundProtocol, discover_nodes
@@ -320,10 +321,12 @@ class RoundEnd:
     def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
         summary = self.protocol.current
         seconds = time.perf_counter() - summary.started_at if server_round else 0.0
+        one_class = (f" ⚑ one class ({100 * res.max_predicted_fraction:.0f}% predicted as class "
+                     f"{res.max_predicted_class})" if res.max_predicted_fraction > DEGENERATE_FRACTION else "")
         log.info(
-            "round %d/%d | test acc %.2f%% | loss %.4f | clients %d/%d | sparsity %.2f%% | %.1fs",
-            server_round, self.run.cfg.federation.num_rounds, 100 * res.accuracy, res.loss, len(summary.succeeded),
-            len(summary.sampled), 100 * sparsity, seconds,
+            "round %d/%d | test acc %.2f%%%s | loss %.4f | clients %d/%d | sparsity %.2f%% | %.1fs",
+            server_round, self.run.cfg.federation.num_rounds, 100 * res.accuracy, one_class, res.loss,
+            len(summary.succeeded), len(summary.sampled), 100 * sparsity, seconds,
         )
 
 

@@ -541,3 +541,20 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
     assert f"{name}_geometry.png" in capsys.readouterr().out
     assert main(["plot", str(gone)]) == 1
     assert "Not drawn: the plots of gone: cannot import plug-in module" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fraction, flagged", [(1.0, True), (0.3, False)])
+def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagged):
+    from types import SimpleNamespace
+
+    from fedmech_flwr.server import RoundEnd
+    from fedmech_flwr.training import EvalResult
+
+    end = SimpleNamespace(protocol=SimpleNamespace(current=SimpleNamespace(started_at=0.0, succeeded=[0], sampled=[0])),
+                          run=SimpleNamespace(cfg=SimpleNamespace(federation=SimpleNamespace(num_rounds=3))))
+    res = EvalResult(2.3, 0.1, [1.0] + [0.0] * 9, 1000, 3, fraction)
+    with caplog.at_level("INFO", logger="fedmech_flwr.server"):
+        RoundEnd._log(end, 2, res, 0.9)
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("round 2/3 | test acc 10.00%")
+    assert ("⚑ one class (100% predicted as class 3)" in line) == flagged
