@@ -22,6 +22,7 @@ import typing
 from typing import Any, Literal, TypeVar, Union
 
 from fedmech_flwr.errors import ConfigError, brief
+from fedmech_flwr.registry import did_you_mean
 
 T = TypeVar("T")
 
@@ -47,7 +48,8 @@ def parse_dataclass(cls: type[T], data: Any, where: str) -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "(none)"
-        raise ConfigError(f"unknown key(s) {unknown}; allowed keys: {allowed}", where)
+        hints = "".join(did_you_mean(key, fields) for key in unknown)
+        raise ConfigError(f"unknown key(s) {unknown}; {hints}allowed keys: {allowed}", where)
     kwargs = {}
     for name, f in fields.items():
         key_where = join_key(where, name)

@@ -101,10 +101,11 @@ class RealigningFedAvg(WeightedFedAvg):
 
 @dataclass
 class HeadRealignConfig(RealignConfig):
-    samples: int = field(default=200, metadata={"ge": 1})
-    """Balanced samples the head is finetuned on (samples / classes per class), drawn
-    from the audit set; the rest of the audit set selects the epoch."""
-    train: LinearTrainConfig = field(default_factory=LinearTrainConfig)
+    head_samples: int = field(default=200, metadata={"ge": 1})
+    """Balanced samples the head is finetuned on (head_samples / classes per class), drawn
+    from the audit set; the rest of the audit set selects the epoch (the misalignment
+    diagnostic's setting of the same name)."""
+    head: LinearTrainConfig = field(default_factory=LinearTrainConfig)
     """The paper's recipe by default: AdamW lr 1e-3, wd 5e-4, cosine over 5 epochs, batch 16."""
 
 
@@ -112,7 +113,7 @@ def check_head_realign(params: HeadRealignConfig, cfg: ExperimentConfig, data: D
     """The head set and the images that select its epoch both come from the audit set."""
     data.require_audit("fedavg_head_realign finetunes the head on", where, suggested=50)
     # every class keeps at least one image to select the epoch on
-    head_set_per_class(params.samples, data.audit_per_class - 1, data.num_classes, join_key(where, "samples"))
+    head_set_per_class(params.head_samples, data.audit_per_class - 1, data.num_classes, join_key(where, "head_samples"))
 
 
 class FedAvgHeadRealign(RealigningFedAvg):
@@ -121,12 +122,13 @@ class FedAvgHeadRealign(RealigningFedAvg):
     def __init__(self, params: HeadRealignConfig, ctx: StrategyContext) -> None:
         super().__init__(params, ctx)
         x, y = ctx.audit  # check_head_realign made sure there is one, large enough
-        per_class = head_set_per_class(params.samples, len(y) // ctx.num_classes - 1, ctx.num_classes, "strategy.samples")
+        per_class = head_set_per_class(params.head_samples, len(y) // ctx.num_classes - 1, ctx.num_classes,
+                                       "strategy.head_samples")
         generator = seed_everything(seed_for(ctx.seed, "head-realign-split"))
         head_idx, rest = balanced_split(y, per_class, ctx.num_classes, generator)
         self.head_set = (x[head_idx], y[head_idx])
         self.val_set = (x[rest], y[rest])
-        self.train_cfg = params.train
+        self.train_cfg = params.head
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         f_head, f_val = features(model, self.head_set[0]), features(model, self.val_set[0])
@@ -146,12 +148,13 @@ class NearestClassMean(RealigningFedAvg):
 
 @dataclass
 class CCVRConfig(RealignConfig):
-    covariance: Covariance = "diagonal"
+    ccvr_covariance: Covariance = "diagonal"
     """Class Gaussians with diagonal or full covariance; full sends C x D x D floats per
-    client (D = feature size), so diagonal is the default for conv features."""
-    virtual_per_class: int = field(default=1000, metadata={"ge": 1})
+    client (D = feature size), so diagonal is the default for conv features. The names
+    are the misalignment diagnostic's for its CCVR head."""
+    ccvr_virtual_per_class: int = field(default=1000, metadata={"ge": 1})
     """Virtual features sampled per class."""
-    train: LinearTrainConfig = field(default_factory=ccvr_train_config)
+    ccvr_train: LinearTrainConfig = field(default_factory=ccvr_train_config)
     """How the head is retrained on the virtual features (from the current head; the
     last epoch is kept: the server has no data to select on)."""
 
@@ -164,9 +167,11 @@ class CCVR(RealigningFedAvg):
         self.params = params
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
-        stats = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.covariance, self.ctx.round_timeout_s)
+        stats = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.ccvr_covariance,
+                                   self.ctx.round_timeout_s)
         generator = seed_everything(seed_for(self.ctx.seed, "ccvr", None, server_round))
-        return ccvr_head(stats, LinearHead.of(model), self.params.virtual_per_class, self.params.train, generator)
+        return ccvr_head(stats, LinearHead.of(model), self.params.ccvr_virtual_per_class, self.params.ccvr_train,
+                         generator)
 
 
 @dataclass

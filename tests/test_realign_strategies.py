@@ -112,8 +112,8 @@ def test_tau_norm_normalises_the_averaged_head(replies, data):
 
 def test_head_realignment_recovers_a_scrambled_head_and_keeps_the_body(replies, data):
     models, msgs = replies
-    params = HeadRealignConfig(samples=40)
-    params.train.lr, params.train.epochs = 0.05, 20
+    params = HeadRealignConfig(head_samples=40)
+    params.head.lr, params.head.epochs = 0.05, 20
     got = from_record(make("fedavg_head_realign", params, context(data)).aggregate_train(1, msgs)[0])
     mean = mean_of(models)
     for key in mean:
@@ -132,11 +132,11 @@ def test_head_realignment_needs_an_audit_set_of_the_right_size():
 
     with pytest.raises(ConfigError, match="set data.audit_per_class.* in x.yaml: strategy$"):
         check(HeadRealignConfig(), None, data(0), "x.yaml: strategy")
-    with pytest.raises(ConfigError, match="3 samples must be at least the number of classes \\(4\\).* in x.yaml: strategy.samples$"):
-        check(HeadRealignConfig(samples=3), None, data(40), "x.yaml: strategy")
+    with pytest.raises(ConfigError, match="3 samples must be at least the number of classes \\(4\\).* in x.yaml: strategy.head_samples$"):
+        check(HeadRealignConfig(head_samples=3), None, data(40), "x.yaml: strategy")
     with pytest.raises(ConfigError, match="audit set has 39 per class to spare"):
-        check(HeadRealignConfig(samples=200), None, data(40), "x.yaml: strategy")
-    check(HeadRealignConfig(samples=156), None, data(40), "x.yaml: strategy")  # 39 per class fit
+        check(HeadRealignConfig(head_samples=200), None, data(40), "x.yaml: strategy")
+    check(HeadRealignConfig(head_samples=156), None, data(40), "x.yaml: strategy")  # 39 per class fit
 
 
 class FakeGrid:
@@ -187,7 +187,7 @@ def test_ccvr_calibrates_the_head_on_virtual_features(replies, data, trained):
     models, msgs = replies
     stats = client_stats(trained, data, "full")
     grid = FakeGrid(stats, stats)
-    strategy = make("ccvr", CCVRConfig(covariance="full", virtual_per_class=500), context(data))
+    strategy = make("ccvr", CCVRConfig(ccvr_covariance="full", ccvr_virtual_per_class=500), context(data))
     list(strategy.configure_train(1, to_record(models[0]), ConfigRecord(), grid))
     got = from_record(strategy.aggregate_train(1, msgs)[0])
     assert grid.sent[0].content["config"]["covariance"] == "full"
@@ -213,3 +213,14 @@ def test_matching_pairs_validate(make_cfg):
     assert make_cfg("strategy={name: fedprox}", "client={name: proximal}").strategy.params.proximal_mu == 0.01
     assert make_cfg("strategy={name: fedbabu}", "client={name: fedbabu}").client.name == "fedbabu"
     assert make_cfg("strategy={name: ccvr}", "client={name: fedlc}").client.params.tau == 1.0
+
+
+@pytest.mark.parametrize("old, new", [
+    ("{name: fedavg_head_realign, samples: 40}", "head_samples"),
+    ("{name: ccvr, covariance: full}", "ccvr_covariance"),
+    ("{name: ccvr, virtual_per_class: 10}", "ccvr_virtual_per_class"),
+])
+def test_the_realigning_strategies_take_the_misalignment_diagnostics_names(make_cfg, old, new):
+    """One name per setting: the old strategy-only names are refused with the new one."""
+    with pytest.raises(ConfigError, match=f"did you mean '{new}'"):
+        make_cfg("data.audit_per_class=15", f"strategy={old}")

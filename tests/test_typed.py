@@ -42,7 +42,7 @@ def test_values_of_every_supported_type_are_parsed():
 
 @pytest.mark.parametrize(("data", "message"), [
     ({}, "missing required key 'steps' in x.yaml: steps"),
-    ({"steps": 1, "stepz": 2}, "unknown key(s) ['stepz']; allowed keys: flag, inner, note, sizes, steps, weights in x.yaml:"),
+    ({"steps": 1, "stepz": 2}, "unknown key(s) ['stepz']; did you mean 'steps'? allowed keys: flag, inner, note, sizes, steps, weights in x.yaml:"),
     ({"steps": 1.5}, "expected an integer, got 1.5 in x.yaml: steps"),
     ({"steps": True}, "expected an integer, got True in x.yaml: steps"),
     ({"steps": 1, "flag": 1}, "expected true or false, got 1 in x.yaml: flag"),
