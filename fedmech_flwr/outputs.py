@@ -3,10 +3,10 @@
 Each metric has its key path in the record, a label, a unit, which direction is better and
 a validity rule (``flag``): when its value must not be read as a measurement (a one-class
 predictor, ``one_class`` here; a diagnostic's own, such as mostly empty circuits or a USAE
-that did not fit, in its package). Every output that shows a
-metric (the report's tables, curves, skew figure and published-value checks, the sweep's
-progress line) reads these declarations, so a diagnostic or strategy a user writes shows
-up there without a core edit.
+that did not fit, in its package). Every output that shows a metric (the report's tables,
+curves, skew figure and published-value checks, the sweep's progress line) reads these
+declarations, so a diagnostic or strategy a user writes shows up there without a core
+edit.
 
 The global model's ``eval`` record is declared here (``EVAL``); a diagnostic or a strategy
 declares its records where it registers (``DIAGNOSTICS.register(name, Config,

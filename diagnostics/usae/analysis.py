@@ -201,7 +201,8 @@ def _overlap_value(overlap: dict[str, Any], rule: str) -> str:
 
 def overlap_summary(overlap: dict[str, Any]) -> str:
     """The shared / alive fraction under each rule, rounded, for console lines."""
-    return (f"shared/alive {_overlap_value(overlap, 'fires_once')} (fires once, the project's reading of the paper), "
+    return (f"shared/alive {_overlap_value(overlap, 'fires_once')} "
+            "(fires once, the project's reading of the paper), "
             f"{_overlap_value(overlap, 'thresholded')} (> {overlap['thresholded']['threshold']:g} of tokens), "
             f"{_overlap_value(overlap, 'calibrated')} (calibrated: unique needs >= "
             f"{overlap['calibrated']['min_count']} firings)")
@@ -216,7 +217,8 @@ def _overlap_lines(metrics: dict[str, Any]) -> list[str]:
                      metrics["null_control"]["overlap"]))
     if "seed_control" in metrics:
         rows.append((f"seed control (USAE seed {metrics['seed_control']['seed']})", metrics["seed_control"]["overlap"]))
-    header = (f"shared/alive: fires once (the project's reading of the paper) / > {overlap['thresholded']['threshold']:g} of tokens / "
+    header = (f"shared/alive: fires once (the project's reading of the paper) / "
+              f"> {overlap['thresholded']['threshold']:g} of tokens / "
               f"calibrated (unique needs >= {overlap['calibrated']['min_count']} firings)")
     rules = ("fires_once", "thresholded", "calibrated")
     return [header] + [f"{label}: " + " / ".join(_overlap_value(o, rule) for rule in rules) for label, o in rows]
