@@ -355,6 +355,8 @@ def group_stat(metric: Metric, runs: list[Run], confidence: float = 0.95) -> Sta
 
 
 def _number(metric: Metric, value: float, signed: bool = False) -> str:
+    """``value`` at the metric's decimals; one that rounds to zero is 0, never -0."""
+    value = round(value, metric.decimals) + 0.0
     return f"{value:{'+' if signed else ''}.{metric.decimals}f}"
 
 

@@ -558,3 +558,8 @@ def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagg
     line = caplog.records[-1].getMessage()
     assert line.startswith("round 2/3 | test acc 10.00%")
     assert ("⚑ one class (100% predicted as class 3)" in line) == flagged
+
+
+def test_a_value_that_rounds_to_zero_is_never_minus_zero():
+    gap = declared()["misalignment.gaps.probe"]
+    assert format_stat(gap, Stat(-0.0004, 0.01, 3)) == "+0.0 ± 0.0 pp (n=3)"
