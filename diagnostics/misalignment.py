@@ -71,8 +71,7 @@ from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, Global
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, one_class
 from fedmech_flwr.plotting import class_labels, heatmap, line_plot
-from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import seed_everything
+from fedmech_flwr.seeds import seed_for, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class Misalignment(Diagnostic):
     """Global head vs linear probe vs realigned head, every due round."""
 
     def _splits(self, y: torch.Tensor, num_classes: int, seed: int) -> _Splits:
-        generator = seed_everything(seed_for(seed, "misalignment-split"))
+        generator = torch_generator(seed, "misalignment-split")
         val, train = balanced_split(y, _val_per_class(self.params, len(y) // num_classes), num_classes, generator)
         head, _ = balanced_split(y[train], self.params.head_samples // num_classes, num_classes, generator)
         return _Splits(train, val, train[head])
@@ -186,7 +185,7 @@ class Misalignment(Diagnostic):
         def head_data(idx):
             return f_audit[idx], y_audit[idx]
 
-        generator = seed_everything(seed_for(state.seed, "misalignment-head", None, state.server_round))
+        generator = torch_generator(state.seed, "misalignment-head", None, state.server_round)
         snapshots = train_linear(*head_data(splits.head), own, p.head, generator)[1:]
         chosen = best_epoch(snapshots, *head_data(splits.validation), n)
         results["realigned"] = {**_scores(score(snapshots[chosen], f_test, y_test, n)), "epoch": chosen + 1}
@@ -239,7 +238,8 @@ class Misalignment(Diagnostic):
         std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
         norm = lambda f: (f - mean) / std  # noqa: E731
         zero = LinearHead(torch.zeros(n, f_audit.shape[1]), torch.zeros(n))
-        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe, seed_everything(seed))[1:]
+        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe,
+                                 torch.Generator().manual_seed(seed))[1:]
         f_val, y_val = norm(f_audit[splits.validation]), y_audit[splits.validation]
         chosen = best_epoch(snapshots, f_val, y_val, n)
         return {
@@ -268,7 +268,7 @@ class Misalignment(Diagnostic):
         if "ncm" in self.params.client_stats:
             out["ncm"] = _scores(score(ncm_head(stats, own), f_test, y_test, n))
         if "ccvr" in self.params.client_stats:
-            generator = seed_everything(seed_for(state.seed, "misalignment-ccvr", None, state.server_round))
+            generator = torch_generator(state.seed, "misalignment-ccvr", None, state.server_round)
             head = ccvr_head(stats, own, self.params.ccvr_virtual_per_class, self.params.ccvr_train, generator)
             out["ccvr"] = _scores(score(head, f_test, y_test, n))
         for key in out:

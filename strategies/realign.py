@@ -46,9 +46,8 @@ from fedmech_flwr.heads import (
     train_linear,
 )
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.seeds import seed_for
+from fedmech_flwr.seeds import torch_generator
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from fedmech_flwr.training import seed_everything
 from fedmech_flwr.typed import join_key
 from strategies.class_stats import request_class_stats
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
@@ -124,7 +123,7 @@ class FedAvgHeadRealign(RealigningFedAvg):
         x, y = ctx.audit  # check_head_realign made sure there is one, large enough
         per_class = head_set_per_class(params.head_samples, len(y) // ctx.num_classes - 1, ctx.num_classes,
                                        "strategy.head_samples")
-        generator = seed_everything(seed_for(ctx.seed, "head-realign-split"))
+        generator = torch_generator(ctx.seed, "head-realign-split")
         head_idx, rest = balanced_split(y, per_class, ctx.num_classes, generator)
         self.head_set = (x[head_idx], y[head_idx])
         self.val_set = (x[rest], y[rest])
@@ -132,7 +131,7 @@ class FedAvgHeadRealign(RealigningFedAvg):
 
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         f_head, f_val = features(model, self.head_set[0]), features(model, self.val_set[0])
-        generator = seed_everything(seed_for(self.ctx.seed, "head-realign", None, server_round))
+        generator = torch_generator(self.ctx.seed, "head-realign", None, server_round)
         snapshots = train_linear(f_head, self.head_set[1], LinearHead.of(model), self.train_cfg, generator)
         return snapshots[best_epoch(snapshots, f_val, self.val_set[1], self.ctx.num_classes)]
 
@@ -169,7 +168,7 @@ class CCVR(RealigningFedAvg):
     def realign(self, server_round: int, model: FedMechModel, arrays: ArrayRecord, nodes: list[int]) -> LinearHead:
         stats = request_class_stats(self._grid, nodes, arrays, self._train_config, self.params.ccvr_covariance,
                                    self.ctx.round_timeout_s)
-        generator = seed_everything(seed_for(self.ctx.seed, "ccvr", None, server_round))
+        generator = torch_generator(self.ctx.seed, "ccvr", None, server_round)
         return ccvr_head(stats, LinearHead.of(model), self.params.ccvr_virtual_per_class, self.params.ccvr_train,
                          generator)
 
