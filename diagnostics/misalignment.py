@@ -10,8 +10,8 @@ Every due round it puts side by side, on the test set, overall and per class:
 - ``realigned``: the global head finetuned alone on ``head_samples`` balanced samples of
   the training split, epoch selected on the validation split;
 - ``realigned_test_selected``: the same finetuning with the epoch picked by test accuracy
-  (the paper's public texts state no selection rule; its code's reading), reported under
-  this name so it is never mistaken for a held-out number;
+  (the paper's public texts state no selection rule), reported under this name so it is
+  never mistaken for a held-out number;
 - ``tau_norm``: the head with tau-normalised class weights (no data at all);
 - ``ncm`` / ``ccvr``: heads rebuilt from per-class statistics of the global model's
   features that the clients compute on their own data (no server data; one
