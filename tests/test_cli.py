@@ -68,7 +68,7 @@ BAD_INPUT = [
      "dataset 'fashion_mnist' with {'root': '/nonexistent'} is not on this machine " + SMOKE_AT + "data.dataset"),
     (["data.audit_per_class=15", "strategy={name: fedavg_head_realign}"],
      "a balanced head set of 200 needs 50 per class, but the audit set has 14 per class to spare for it; "
-     "raise data.audit_per_class or lower the samples " + SMOKE_AT + "strategy.samples"),
+     "raise data.audit_per_class or lower the samples " + SMOKE_AT + "strategy.head_samples"),
     (["model.channels=[4, 8, 8, 8]"],
      "image_size 12 is too small for 4 conv blocks (each max-pool halves it); use at most 3 channels entries or "
      "larger images " + SMOKE_AT + "model.channels"),
