@@ -172,7 +172,7 @@ def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_labe
                 if p[3]:
                     ring = ax.plot(xi, m, "o", markersize=14, markerfacecolor="none", markeredgecolor="red",
                                    markeredgewidth=1.5)[0]
-                    marks.setdefault("flagged (see the note)", ring)
+                    marks.setdefault("flagged: not a measurement (see the caption)", ring)
                     ax.annotate(p[3], (xi, m), textcoords="offset points", xytext=(8, -12), fontsize=7, color="red")
         for level, value, name in panel.published:
             star = ax.plot(level + 0.32, value, "*", markersize=13, color=colours.get(name, "black"),
@@ -199,9 +199,9 @@ def class_labels(classes: Iterable[int], class_names: Sequence[str] | None) -> l
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Redraw every plot of a run folder into ``<run>/plots``; return the files."""
     from fedmech_flwr.hooks import DIAGNOSTICS
+    from fedmech_flwr.outputs import DEGENERATE_FRACTION
     from fedmech_flwr.partition import plot_label_distribution
     from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
-    from fedmech_flwr.outputs import DEGENERATE_FRACTION
 
     run_dir = Path(run_dir)
     plots = run_dir / PLOTS_DIR
