@@ -157,7 +157,7 @@ def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_labe
     colours = {name: f"C{i}" for i, name in enumerate(names)}
     handles, marks = {}, {}  # the series, then the marks (flags, published values)
     for ax, panel in zip(axes, panels):
-        keys = list(panel.series)
+        keys = sorted(panel.series, key=lambda key: (key[1], names.index(key[0])))  # controls after the rest
         for k, (name, control) in enumerate(keys):
             points = sorted(panel.series[(name, control)])
             offset = 0.5 * ((k + 0.5) / len(keys) - 0.5)

@@ -583,8 +583,10 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     for members in panels.values():
         levels = sorted({_skew_level(g.config) for g in members})
         index = {label: i for i, (_, label) in enumerate(levels)}
+        flat = flatten_plain(members[0].config)
         title = ", ".join(f"{axis_name(k)} {v}" for k, v in members[0].axes.items()
-                          if "data.partition" not in k and "pruning.mode" not in k) or "all groups"
+                          if "data.partition" not in k and "pruning.mode" not in k) \
+            or f"{flat.get('data.dataset.name')}, {flat.get('model.name')}"
         panel = LevelPanel(title, [label for _, label in levels])
         for g in members:
             level = index[_skew_level(g.config)[1]]
