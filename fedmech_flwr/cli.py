@@ -50,6 +50,7 @@ from fedmech_flwr.run_folder import (
     settle_status,
 )
 from fedmech_flwr.typed import describe_fields
+from fedmech_flwr.yaml_text import read_yaml_file
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -273,10 +274,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Redraw a run's plots with its recorded plug-ins imported; exit 1 when one of them
     cannot be (its plots are skipped, the rest drawn)."""
     from fedmech_flwr.plotting import plot_run
-    from fedmech_flwr.report import import_plugins, read_inputs
+    from fedmech_flwr.report import Run, import_plugins
 
     run_dir = Path(args.run_dir)
-    runs = read_inputs([run_dir])[1] if (run_dir / CONFIG_FILE).is_file() else []  # else plot_run says what is wrong
+    config = run_dir / CONFIG_FILE  # without one, plot_run says what is wrong
+    runs = [Run(run_dir.name, run_dir, "", config=read_yaml_file(config))] if config.is_file() else []
     not_imported = import_plugins(runs, args.plugin)
     for path in plot_run(args.run_dir):
         print(path)

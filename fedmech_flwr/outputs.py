@@ -104,6 +104,22 @@ def records_of(records: list[dict[str, Any]], source: str) -> list[dict[str, Any
     return [r for r in records if r["kind"] == source or (r["kind"] == "diagnostic" and r.get("name") == source)]
 
 
+def latest(metric: Metric, records: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, str | None] | None:
+    """``(record, value, flag)`` of a declared ``metric`` (``record`` filled in) at the last
+    of ``records`` that hold it: value None when undefined (null, NaN, a zero denominator);
+    None when none measured it."""
+    if not (mine := records_of(records, metric.record)):
+        return None
+    last = max(mine, key=lambda r: r["round"])
+    value = lookup(last, metric.path)
+    if value is ABSENT:
+        return None
+    if value is not None and metric.per:
+        per = lookup(last, metric.per)
+        value = value / per if isinstance(per, float) and per else None
+    return last, value, metric.flag(last) if metric.flag else None
+
+
 def show(metric: Metric, value: float) -> str:
     """A recorded value as a reader reads it: ``27.8%``, ``+5.0 pp``, ``0.41``."""
     number = metric.display(value)

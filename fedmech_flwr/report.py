@@ -52,7 +52,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     writer_gone,
 )
-from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, lookup, records_of
+from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, records_of
 from fedmech_flwr.published import PaperValue, PaperValues, Verdict, read_paper_values, verdict
 from fedmech_flwr.stats import difference_ci, mean_ci
 from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
@@ -312,22 +312,6 @@ def make_groups(manifest: dict[str, Any] | None, runs: list[Run]) -> list[Group]
 # --- statistics -------------------------------------------------------------------------
 
 
-def _last_value(metric: Metric, run: Run) -> tuple[dict[str, Any], Any, str | None] | None:
-    """``(record, value, flag)`` of ``metric`` at the run's last record holding it: value
-    None when undefined; None when the run did not measure it."""
-    records = run.records_of(metric.record)
-    if not records:
-        return None
-    last = max(records, key=lambda r: r["round"])
-    value = lookup(last, metric.path)
-    if value is ABSENT:
-        return None
-    if value is not None and metric.per:
-        per = lookup(last, metric.per)
-        value = value / per if isinstance(per, float) and per else None
-    return last, value, metric.flag(last) if metric.flag else None
-
-
 def group_stat(metric: Metric, runs: list[Run], confidence: float = 0.95) -> Stat | None:
     """``metric`` at each run's last record holding it, over the runs; None when no run
     measured it. Undefined values are counted, never averaged; flagged values are
@@ -335,7 +319,7 @@ def group_stat(metric: Metric, runs: list[Run], confidence: float = 0.95) -> Sta
     values, undefined, empty, rounds, flags = {}, 0, 0, set(), defaultdict(int)
     measured = False
     for run in runs:
-        if (found := _last_value(metric, run)) is None:
+        if (found := latest(metric, run.records)) is None:
             continue
         measured = True
         last, value, flag = found
@@ -422,7 +406,8 @@ def _flags(*stats: tuple[str, Stat | None]) -> str | None:
 
 def _judge(paper: PaperValue, group: Group, groups: list[Group], same: bool) -> Comparison:
     """The bound or the direction of ``paper`` held against ``group``'s interval."""
-    metric, stat = declared()[paper.metric], group.stats[paper.metric]
+    metrics = declared()
+    metric, stat = metrics[paper.metric], group.stats[paper.metric]
     out = Comparison(paper, group, same)
     if paper.relation in ("<", ">"):
         out.check = f"{paper.relation} {_number(metric, paper.value)} (bound)"
@@ -437,12 +422,12 @@ def _judge(paper: PaperValue, group: Group, groups: list[Group], same: bool) -> 
         if not same:
             out.result = Verdict(None, "not compared: a level, at another protocol")
         return out
-    out.check = direction.describe(lambda key: declared()[key].label)
+    out.check = direction.describe(lambda key: metrics[key].label)
     other, whose = None, ""
     if direction.than is not None:
         mean, half = stat.mean, stat.half_width
     elif direction.than_metric:
-        other, whose = group.stats.get(direction.than_metric), f"{declared()[direction.than_metric].label}: "
+        other, whose = group.stats.get(direction.than_metric), f"{metrics[direction.than_metric].label}: "
         paired = [v - other.values[run] for run, v in stat.values.items() if other and run in other.values]
         mean, half, _ = mean_ci(paired) if paired else (None, None, 0)
     else:
@@ -515,8 +500,9 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
     """Per-round curves of the completed runs, one line per group, with seed bands and
     flagged rounds ringed; none for a metric measured at fewer than ``MIN_CURVE_ROUNDS``."""
     out = []
+    metrics = declared()
     for key in (f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.curves):
-        metric, stem = declared()[key], key.replace(".", "_")
+        metric, stem = metrics[key], key.replace(".", "_")
         lines, flags = {}, {}
         for group in groups:
             points, n, flagged = _series(metric, group.completed)
@@ -572,6 +558,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     """The paper's claim as one figure: per dataset x model (every config key but the
     partition and the pruning mode), the declared ``by_skew`` accuracies against the skew level, the
     dense control hollow, flagged values ringed, published values as stars."""
+    metrics = declared()
     keys = [f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.by_skew]
     measured = [g for g in groups if any(k in g.stats for k in keys)]
     if not measured:
@@ -592,11 +579,11 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
             level = index[_skew_level(g.config)[1]]
             for key in keys:
                 if (stat := g.stats.get(key)) and stat.mean is not None:
-                    panel.series.setdefault((declared()[key].label, _is_control(g.config)), []).append(
+                    panel.series.setdefault((metrics[key].label, _is_control(g.config)), []).append(
                         (level, stat.mean, stat.half_width, _short_flags(stat)))
         for c in comparisons:
             if c.group in members and c.paper.metric in keys and c.paper.relation in ("=", "≈"):
-                point = (index[_skew_level(c.group.config)[1]], c.paper.value, declared()[c.paper.metric].label)
+                point = (index[_skew_level(c.group.config)[1]], c.paper.value, metrics[c.paper.metric].label)
                 panel.published += [point] if point not in panel.published else []
                 same.add(c.same_protocol)
         drawn.append(panel)
@@ -604,7 +591,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     label = f"published ({paper.paper}), {protocol}" if paper else "published"
     path = level_plot(drawn, "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
                       ylim=(0.0, 100.0))
-    caption = (f"{', '.join(declared()[k].label for k in keys)} accuracy against label skew: mean and 95% "
+    caption = (f"{', '.join(metrics[k].label for k in keys)} accuracy against label skew: mean and 95% "
                "interval over seeds (n in the tables below)")
     if any(control for p in drawn for _, control in p.series):
         caption += "; hollow squares and dashed lines: the dense control"
@@ -697,7 +684,7 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
              if e.key not in dict(PROTOCOL).values()]
     columns = list(dict.fromkeys(PROTOCOL + extra))
     header = ["", *[label for label, _ in columns], "model", "actual sparsity (%)", "seeds"]
-    rows, notes = [], []
+    rows, notes, actual = [], [], declared()["eval.sparsity"]
     for version, entries in protocols.items():
         stated = {e.key: e for e in entries}
         cells = []
@@ -716,7 +703,7 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
         if _is_control(g.config) and "pruning.target_sparsity" in dict(columns).values():
             cells[[key for _, key in columns].index("pruning.target_sparsity")] = "dense"
         rows.append([g.label, *cells, _setting(g.config.get("model")),
-                     format_stat(declared()["eval.sparsity"], sparsity), ", ".join(str(r.seed) for r in g.runs)])
+                     format_stat(actual, sparsity), ", ".join(str(r.seed) for r in g.runs)])
     blocks: list[str | list[str] | Table | Image] = [Table(header, rows)]
     if protocols:
         blocks.insert(0, "What the paper's public texts state of its protocol (“not stated”: nothing in them), "
@@ -728,22 +715,23 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
 
 def _metric_tables(groups: list[Group]) -> list[Section]:
     sections = []
+    metrics = declared()
     for source, outputs in declarations().items():
-        keys = [k for k, m in declared().items() if m.record == source and any(k in g.stats for g in groups)]
+        keys = [k for k, m in metrics.items() if m.record == source and any(k in g.stats for g in groups)]
         title = outputs.title
         if not keys:
             continue
-        header = ["group", "runs", *[f"{declared()[k].label} ({declared()[k].unit})" for k in keys]]
-        rows = [[g.label, g.runs_text, *[format_stat(declared()[k], g.stats.get(k)) for k in keys]] for g in groups]
+        header = ["group", "runs", *[f"{metrics[k].label} ({metrics[k].unit})" for k in keys]]
+        rows = [[g.label, g.runs_text, *[format_stat(metrics[k], g.stats.get(k)) for k in keys]] for g in groups]
         sections.append(Section(title, [Table(header, rows)]))
     return sections
 
 
-def _result_text(c: Comparison) -> str:
-    """``holds: +5.1 ± 2.0 pp``: the verdict and the interval it rests on."""
+def _result_text(c: Comparison, metric: Metric) -> str:
+    """``holds: +5.1 ± 2.0 pp``: the verdict and the interval it rests on (``metric`` is
+    the value's)."""
     if c.result is None:
         return "–"
-    metric = declared()[c.paper.metric]
     if c.shown is None:
         return c.result.text
     mean, half = c.shown
@@ -759,12 +747,13 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
     values = [v for v in paper.values if id(v) in shown]
     number = {id(v): i for i, v in enumerate(values, 1)}
     points = any(c.difference is not None for c in comparisons)
+    metrics = declared()
     rows = []
     for c in comparisons:
-        metric = declared()[c.paper.metric]
+        metric = metrics[c.paper.metric]
         row = [f"{metric.label} ({metric.unit})", c.group.label,
                f"{c.paper.relation} {_number(metric, c.paper.value, metric.unit == 'pp')} [{number[id(c.paper)]}]",
-               format_stat(metric, c.stat), c.check, _result_text(c)]
+               format_stat(metric, c.stat), c.check, _result_text(c, metric)]
         if points:
             row.append("–" if c.difference is None else _number(metric, c.difference, True)
                        + (" pp" if metric.unit in ("%", "pp") else ""))
@@ -780,7 +769,7 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
         Table(header, rows)]
     if unmatched:
         blocks.append("Not measured by any group here: " + "; ".join(
-            f"{declared()[v.metric].label} {v.relation} {_number(declared()[v.metric], v.value)} [{number[id(v)]}]"
+            f"{metrics[v.metric].label} {v.relation} {_number(metrics[v.metric], v.value)} [{number[id(v)]}]"
             for v in unmatched) + ".")
     notes = []
     for v in values:
@@ -1041,9 +1030,10 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
         raise ConfigError(f"no runs to report on in {', '.join(map(str, paths))}", "fedmech report")
     not_imported = import_plugins(runs, extra_plugins)
     groups = make_groups(manifest, runs)
+    metrics = declared()
     for group in groups:
-        group.stats = {k: s for k, m in declared().items() if (s := group_stat(m, group.completed, confidence))}
-    paper = read_paper_values(Path(paper_file), declared()) if paper_file else None
+        group.stats = {k: s for k, m in metrics.items() if (s := group_stat(m, group.completed, confidence))}
+    paper = read_paper_values(Path(paper_file), metrics) if paper_file else None
     comparisons, unmatched = compare(paper, groups) if paper else ([], [])
     plots = out_dir / PLOTS_DIR
     headline = plot_headline(groups, comparisons, plots, paper)

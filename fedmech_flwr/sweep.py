@@ -58,7 +58,7 @@ from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.launch import launch, stop_all
-from fedmech_flwr.outputs import declarations, lookup, records_of, show
+from fedmech_flwr.outputs import declarations, declared, latest, show
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     FolderLock,
@@ -406,15 +406,13 @@ def headline(run_dir: Path) -> str:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
         return ""
+    metrics = declared()
     parts = []
     for record, outputs in declarations().items():
-        if not (mine := records_of(records, record)):
-            continue
-        last = max(mine, key=lambda r: r["round"])
         for key in outputs.headline:
-            metric = outputs.metrics[key]
-            if isinstance(value := lookup(last, metric.path), float):
-                flag = metric.flag(last) if metric.flag else None
+            metric = metrics[f"{record}.{key}"]
+            if (found := latest(metric, records)) and isinstance(found[1], float):
+                _, value, flag = found
                 parts.append(f"{metric.label} {show(metric, value)}" + (f" ⚑ {flag}" if flag else ""))
     return " | ".join(parts)
 
