@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records
 
 REPO = Path(__file__).resolve().parents[1]

@@ -74,7 +74,7 @@ def in_folders(folders: set[str]) -> set[int]:
 def kill_once(args: list[str], delay: float, out: Path, wait: float) -> tuple[int, list[str]]:
     """Start ``fedmech ARGS``, SIGKILL it after ``delay`` s; return how many processes it
     had started and a description of each one alive ``wait`` s after the kill."""
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", *args, "--out", str(out)]
+    cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", *args, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: dict[int, int] = {}
     folders: set[str] = set()

@@ -24,8 +24,8 @@ EXPERIMENT = REPO / "benchmarks" / "throughput.yaml"
 
 def main() -> None:
     from fedmech_flwr import plugins
+    from fedmech_flwr.app.inprocess import run_in_process
     from fedmech_flwr.experiment import load_experiment
-    from fedmech_flwr.inprocess import run_in_process
     from fedmech_flwr.run_folder import STATE_FILE, RunFolder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

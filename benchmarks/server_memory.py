@@ -60,7 +60,7 @@ def peak_rss(num_clients: int, num_train: int, per_round: int, rounds: int) -> t
         "train.epochs=1",
     ]
     with tempfile.TemporaryDirectory(prefix="fedmech-bench-") as out:
-        cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(EXPERIMENT), "--out", out]
+        cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", str(EXPERIMENT), "--out", out]
         for item in overrides:
             cmd += ["--set", item]
         start = time.perf_counter()

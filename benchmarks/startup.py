@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FEDMECH = [sys.executable, "-m", "fedmech_flwr.cli"]
+FEDMECH = [sys.executable, "-m", "fedmech_flwr.tools.cli"]
 LONE = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=1"]
 SWEEP = ["sweep", "experiments/smoke_sweep.yaml", "--preset", "quick", "--only", "strategy+client=fedavg",
          "--only", "data.partition=iid"]

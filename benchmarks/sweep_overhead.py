@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (alternating)")
     parser.add_argument("--experiment", default=str(REPO / "experiments" / "smoke.yaml"))
     args = parser.parse_args()
-    fedmech = [sys.executable, "-m", "fedmech_flwr.cli"]
+    fedmech = [sys.executable, "-m", "fedmech_flwr.tools.cli"]
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as tmp:
         sweep = Path(tmp) / "one_cell.yaml"
         sweep.write_text(yaml.safe_dump({"base": str(Path(args.experiment).resolve()), "name": "one-cell"}))

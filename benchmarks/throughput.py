@@ -99,7 +99,7 @@ def in_flower(overrides: list[str]) -> tuple[float, float]:
     from fedmech_flwr.run_folder import read_records
 
     with tempfile.TemporaryDirectory(prefix="fedmech-bench-") as out:
-        cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(EXPERIMENT), "--out", out]
+        cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", str(EXPERIMENT), "--out", out]
         for item in overrides:
             cmd += ["--set", item]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

@@ -1,11 +1,12 @@
 """``fedmech misalignment-table RUN_DIR ...``: the paper's table from run folders.
 
 One row per run (its partition, strategy with its weighting, and client), read from the
-``misalignment`` records of its metrics.jsonl at the last round (or ``--round N``): test
-accuracy of the global model, the linear probe, the realigned head (validation- and
-test-selected) and the data-free heads in percent, and the two gaps in percentage points
-(the records hold fractions). A head that predicts one class for more than
-``DEGENERATE_FRACTION`` of the test images is flagged next to its accuracy.
+``misalignment`` records of its metrics.jsonl at the last round (or ``--round N``): every
+metric the diagnostic declares (``OUTPUTS``): the test accuracy of the global model, the
+linear probe, the realigned heads and the data-free heads in percent, and the two gaps in
+percentage points (the records hold fractions). A value its validity rule flags (a head
+that predicts one class for more than ``DEGENERATE_FRACTION`` of the test images, or a gap
+that rests on one) carries the flag: ``10.0 ⚑ one class``.
 
 When an IID run is among the runs, every run with the same settings otherwise (the config
 equal but for ``name``, ``output_root`` and ``data.partition``) also gets its
@@ -20,25 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagnostics.misalignment import degenerate_heads
+from diagnostics.misalignment import OUTPUTS
 from fedmech_flwr.commands import COMMANDS, Command
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import DEGENERATE_FRACTION
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, lookup
 from fedmech_flwr.run_folder import CONFIG_FILE, read_records
 from fedmech_flwr.yaml_text import read_yaml_file
 
-COLUMNS = {
-    "global": "global",
-    "probe": "probe",
-    "realigned": "realigned (val-selected)",
-    "realigned_test_selected": "realigned (test-selected)",
-    "tau_norm": "tau-norm",
-    "ncm": "NCM (client stats)",
-    "ccvr": "CCVR (client stats)",
-}
 GAPS = ("probe", "realigned")
-DEGENERATE_NOTE = (f"[c: p%] after an accuracy: a degenerate head, it predicts class c for p% of the test images "
-                   f"(more than {100 * DEGENERATE_FRACTION:.0f}%)")
+FLAG_NOTE = (f"⚑ one class: the head (or, after a gap, a head behind it) predicts one class for more than "
+             f"{100 * DEGENERATE_FRACTION:.0f}% of the test images; its accuracy is not a measurement of what it learned")
 
 
 def _describe(component: dict[str, Any]) -> str:
@@ -68,26 +60,21 @@ def skew_gaps(record: dict[str, Any], iid_record: dict[str, Any]) -> dict[str, f
 
 
 def table_row(run: Path, cfg: dict[str, Any], record: dict[str, Any]) -> dict[str, str]:
-    """One row: the run's settings, every head's accuracy (%, degenerate heads flagged) and the gaps (pp)."""
-    degenerate = degenerate_heads(record)
-
-    def pct(key: str) -> str:
-        if key not in record:
-            return "-"
-        cell = f"{100 * record[key]['accuracy']:.1f}"
-        if key in degenerate:
-            cell += f" [{record[key]['max_predicted_class']}: {100 * record[key]['max_predicted_fraction']:.0f}%]"
-        return cell
-
-    return {
+    """One row: the run's settings, then every declared metric, each flagged value marked."""
+    row = {
         "run": run.name,
         "partition": _describe(cfg["data"]["partition"]),
         "strategy": _describe(cfg["strategy"]),
         "client": cfg["client"]["name"],
         "round": str(record["round"]),
-        **{f"{label} (%)": pct(key) for key, label in COLUMNS.items()},
-        **{f"{key} - global (pp)": f"{100 * record['gaps'][key]:+.1f}" for key in GAPS},
     }
+    for metric in OUTPUTS.metrics.values():
+        value = lookup(record, metric.path)
+        cell = f"{metric.display(value):{'+' if metric.unit == 'pp' else ''}.1f}" if isinstance(value, float) else "-"
+        if isinstance(value, float) and metric.flag and (flag := metric.flag(record)):
+            cell += f" ⚑ {flag}"
+        row[f"{metric.label} ({metric.unit})"] = cell
+    return row
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +90,7 @@ def table(runs: list[Path], server_round: int | None) -> tuple[list[dict[str, st
     configs = {run: read_yaml_file(run / CONFIG_FILE) for run in runs}
     records = {run: read_record(run, server_round) for run in runs}
     rows = [table_row(run, configs[run], records[run]) for run in runs]
-    notes = [DEGENERATE_NOTE] if any(degenerate_heads(r) for r in records.values()) else []
+    notes = [FLAG_NOTE] if any("⚑" in cell for row in rows for cell in row.values()) else []
     iid_runs = [run for run in runs if configs[run]["data"]["partition"]["name"] == "iid"]
     if not iid_runs:
         return rows, notes

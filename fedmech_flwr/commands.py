@@ -1,6 +1,6 @@
 """Extra ``fedmech`` subcommands contributed by plug-ins.
 
-A plug-in registers a ``Command`` under its subcommand name; ``fedmech_flwr.cli`` loads the
+A plug-in registers a ``Command`` under its subcommand name; ``fedmech_flwr.tools.cli`` loads the
 plug-ins, then adds every registered command to its parser. The core never imports the
 plug-in that provides a command.
 

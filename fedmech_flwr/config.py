@@ -215,7 +215,7 @@ class ExperimentConfig:
 
 @dataclass
 class FlowerAppConfig:
-    """The diagnostics of a user's own Flower app (``fedmech_flwr.flower``): what an
+    """The diagnostics of a user's own Flower app (``fedmech_flwr.app.flower``): what an
     experiment says of a run, less the data, model, client and strategy, which the app
     owns. Saved as the run folder's config and sent to the app's clients."""
 

@@ -16,7 +16,7 @@ Work that needs a client's data runs in the ClientApp, in two places:
 Results are small dicts of JSON-able values and ``bytes`` (e.g. packed masks), carried in
 a ConfigRecord (bytes stay bytes). Diagnostics only observe: they must never change the
 models they are given. One that keeps state across rounds (e.g. each client's previous
-circuits) implements ``fedmech_flwr.protocol.Resumable`` so that a resumed run restores it.
+circuits) implements ``Resumable`` so that a resumed run restores it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -36,6 +36,18 @@ from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.registry import Registry
 
 DIAGNOSTICS: Registry[type[Diagnostic]] = Registry("diagnostic")
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A strategy or diagnostic that keeps state across rounds (server momentum, a
+    client's previous circuits). Without this a resumed run would start that state
+    afresh and drift from an uninterrupted one. ``state_arrays`` is saved with every
+    round's resume point; ``load_state_arrays`` gets it back when a killed run resumes."""
+
+    def state_arrays(self) -> NamedArrays: ...
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None: ...
 
 
 @dataclass

@@ -130,6 +130,23 @@ def show(metric: Metric, value: float) -> str:
     return f"{number:.{metric.decimals}f}"
 
 
+def headline(records: list[dict[str, Any]]) -> list[str]:
+    """The declared headline metrics of ``records`` at the last round that holds each (the
+    global model's accuracy, then each diagnostic's and the strategy's), each with its
+    flag: ``global test accuracy 10.0% ⚑ one class``, ``local-to-global undefined ⚑ mostly
+    empty circuits``. What the console's round line and a sweep's progress line show."""
+    metrics = declared()
+    parts = []
+    for record, outputs in declarations().items():
+        for key in outputs.headline:
+            metric = metrics[f"{record}.{key}"]
+            if found := latest(metric, records):
+                _, value, flag = found
+                text = show(metric, value) if isinstance(value, float) else "undefined"
+                parts.append(f"{metric.label} {text}" + (f" ⚑ {flag}" if flag else ""))
+    return parts
+
+
 def one_class(*heads: tuple[str, ...]) -> Flag:
     """Flag a value that rests on a one-class predictor: any of ``heads`` (paths to scores
     with ``max_predicted_fraction``) predicts one class for more than ``DEGENERATE_FRACTION``

@@ -1,7 +1,8 @@
 """Plots of a run, drawn from its files only (metrics.jsonl, partitions.json).
 
-``plot_run(run_dir)`` redraws everything; ``fedmech plot RUN_DIR`` calls it. Diagnostic
-plug-ins draw their own figures through ``Diagnostic.plot``.
+``plot_run(run_dir)`` redraws everything; ``fedmech plot RUN_DIR`` calls it. A diagnostic
+plug-in draws its own figures through ``Diagnostic.plot``; one that draws none, and the
+strategy, get their declared curves (``fedmech_flwr.outputs``), a flagged value marked.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -21,6 +23,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from fedmech_flwr.files import save_figure
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, Outputs, declarations, lookup
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +194,27 @@ def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_labe
     return save_figure(fig, path)
 
 
+def declared_curves(source: str, outputs: Outputs, records: list[dict[str, Any]], plots: Path) -> list[Path]:
+    """One figure per declared curve of ``outputs`` (``plots/<source>_<key>.png``) that
+    ``records`` measured, each flagged round marked ``⚑ flag``."""
+    out = []
+    for key in outputs.curves:
+        metric = outputs.metrics[key]
+        points, notes = [], {}
+        for r in records:
+            value = lookup(r, metric.path)
+            if isinstance(value, float):
+                points.append((r["round"], metric.display(value)))
+                if metric.flag and (flag := metric.flag(r)):
+                    notes[r["round"]] = f"⚑ {flag}"
+        if points:
+            out.append(line_plot({metric.label: points}, f"{outputs.title}: {metric.label}", metric.unit,
+                                 plots / f"{source}_{key.replace('.', '_')}.png",
+                                 notes={metric.label: notes}, footnote="⚑ a flagged value: do not read it as a "
+                                                                       "measurement" if notes else None))
+    return out
+
+
 def class_labels(classes: Iterable[int], class_names: Sequence[str] | None) -> list[str]:
     """Row labels of per-class plots: the dataset's class names, else the class numbers."""
     return [class_names[c] if class_names else str(c) for c in classes]
@@ -199,7 +223,6 @@ def class_labels(classes: Iterable[int], class_names: Sequence[str] | None) -> l
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Redraw every plot of a run folder into ``<run>/plots``; return the files."""
     from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.outputs import DEGENERATE_FRACTION
     from fedmech_flwr.partition import plot_label_distribution
     from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
 
@@ -212,15 +235,16 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if part_file.is_file():
         parts = json.loads(part_file.read_text())
         class_names = parts["class_names"]
-        hist = np.array([c["label_histogram"] for c in parts["clients"]])
-        out.append(plot_label_distribution(hist, plots / "label_distribution.png", class_names))
+        if parts["clients"]:  # none when every node was refused
+            hist = np.array([c["label_histogram"] for c in parts["clients"]])
+            out.append(plot_label_distribution(hist, plots / "label_distribution.png", class_names))
 
     evals = [r for r in records if r["kind"] == "eval"]
     clients = [r for r in records if r["kind"] == "client"]
     if evals:
         acc = {"global model (test)": [(r["round"], r["accuracy"]) for r in evals]}
         by_round = defaultdict(list)
-        for r in clients:  # a user's own ClientApp (fedmech_flwr.flower) may report neither
+        for r in clients:  # a user's own ClientApp (fedmech_flwr.app.flower) may report neither
             if "train_accuracy" in r:
                 by_round[r["round"]].append(r["train_accuracy"])
         if by_round:
@@ -248,13 +272,19 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         out.append(line_plot(sparsity, "Actual sparsity of prunable layers", "fraction of zero weights",
                              plots / "sparsity.png", (0.0, 1.0)))
 
+    declared = declarations()
     diag_records = defaultdict(list)
     for r in records:
         if r["kind"] == "diagnostic":
             diag_records[r["name"]].append(r)
     for name, recs in diag_records.items():
-        if name in DIAGNOSTICS:
-            out.extend(DIAGNOSTICS.get(name).factory.plot(recs, plots, class_names))
-        else:
+        if name not in DIAGNOSTICS:
             log.warning("no plug-in named %s is registered; its plots are skipped", name)
+        elif not (drawn := DIAGNOSTICS.get(name).factory.plot(recs, plots, class_names)) and name in declared:
+            out.extend(declared_curves(name, declared[name], recs, plots))
+        else:
+            out.extend(drawn)
+    if "strategy" in declared:
+        out.extend(declared_curves("strategy", declared["strategy"], [r for r in records if r["kind"] == "strategy"],
+                                   plots))
     return out

@@ -289,6 +289,8 @@ class RunFolder:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.recent: list[dict[str, Any]] = []
+        """The records this process wrote of the round it wrote last (the console's round line)."""
 
     @classmethod
     def create(cls, out_root: str | Path, name: str, run_dir: str | Path | None = None) -> RunFolder:
@@ -361,6 +363,9 @@ class RunFolder:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl and flush it to disk."""
+        if self.recent and self.recent[-1]["round"] != record["round"]:
+            self.recent = []
+        self.recent.append(record)
         with open(self.path / METRICS_FILE, "a") as fh:
             fh.write(_record_line(record))
             fh.flush()

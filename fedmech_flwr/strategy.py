@@ -2,14 +2,14 @@
 
 A strategy plug-in registers a factory ``factory(params, ctx: StrategyContext) -> flwr
 Strategy``. The strategy must train every node it is offered: the round protocol
-(:mod:`fedmech_flwr.protocol`) samples clients by partition-id and offers only those.
+(:mod:`fedmech_flwr.app.protocol`) samples clients by partition-id and offers only those.
 Build Flower strategies with ``**OFFERED_NODES_ONLY`` to get that behaviour. A strategy
 that keeps state across rounds (server momentum, control variates) implements
-``fedmech_flwr.protocol.Resumable`` so that a resumed run restores it.
+``fedmech_flwr.hooks.Resumable`` so that a resumed run restores it.
 
 A strategy with a client side registers its query handlers in ``CLIENT_QUERIES``, as a
 diagnostic overrides ``client_side``: ``handler(QueryContext) -> RecordDict``. The strategy
-sends ``query.<name>`` with :func:`fedmech_flwr.protocol.query_nodes`: arrays, and a
+sends ``query.<name>`` with :func:`fedmech_flwr.app.protocol.query_nodes`: arrays, and a
 config record holding the train config's entries (the experiment, the round) plus its own;
 every ClientApp answers with the handler's record, computed on the client's own data
 (``strategies/class_stats.py``: the per-class feature statistics NCM and CCVR ask for).

@@ -16,7 +16,7 @@ CONFIG_KEY = "fedmech-config"
 DIAGNOSE_ACTION = "diagnose"
 """``query.diagnose``: run ``client_side_global`` diagnostics on the new aggregate."""
 IDENTIFY_ACTION = "identify"
-"""``query.identify``: a user's own ClientApp (``fedmech_flwr.flower``) says which partition
+"""``query.identify``: a user's own ClientApp (``fedmech_flwr.app.flower``) says which partition
 it holds; this project's ClientApp answers the plain ``query`` instead."""
 DATA_SPEC_KEY = "fedmech-data-spec"
 """ConfigRecord key holding what a node's own data must match (``NodeDataSpec`` as JSON)."""

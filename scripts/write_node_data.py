@@ -17,9 +17,9 @@ import argparse
 import sys
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app.node_data import NODE_FORMATS, write_node_data
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.node_data import NODE_FORMATS, write_node_data
 
 
 def main(argv: list[str] | None = None) -> int:

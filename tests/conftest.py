@@ -23,9 +23,9 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.launch import descendants
-from fedmech_flwr.reaper import MARKER, launch_processes
 from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.tools.launch import descendants
+from fedmech_flwr.tools.reaper import MARKER, launch_processes
 from fedmech_flwr.wire import REPORT_KEY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def make_cfg() -> Callable[..., ExperimentConfig]:
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory) -> Path:
     """One completed in-process run of the smoke config (read-only for tests)."""
-    from fedmech_flwr.inprocess import run_in_process
+    from fedmech_flwr.app.inprocess import run_in_process
 
     torch.set_num_threads(1)
     return run_in_process(smoke_config(), tmp_path_factory.mktemp("smoke-run"))
@@ -80,7 +80,7 @@ def smoke_run(tmp_path_factory) -> Path:
 def plugin_site(tmp_path, monkeypatch) -> Path:
     """A folder on sys.path for plug-in modules a test writes; whatever they register, and
     the modules themselves, are forgotten after the test."""
-    from fedmech_flwr import client_app
+    from fedmech_flwr.app import client_app
     from fedmech_flwr.commands import COMMANDS
     from fedmech_flwr.config import plugin_registries
     from fedmech_flwr.strategy import CLIENT_QUERIES

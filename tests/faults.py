@@ -19,7 +19,7 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedmech_flwr import client_app
+from fedmech_flwr.app import client_app
 from fedmech_flwr.arrays import from_record, to_record
 
 HANG_S = 4.0
@@ -43,7 +43,7 @@ def faulty_app(*faults: Fault) -> ClientApp:
     app = ClientApp()
     by_target = {(f.partition, f.round): f.kind for f in faults}
 
-    @app.query()
+    @app.query(client_app.IDENTIFY_ACTION)
     def identify(msg: Message, context: Context) -> Message:
         return client_app.identify(msg, context)
 

@@ -26,7 +26,7 @@ DIAGNOSTICS = (
     ("{name: circuit_masked_avg}", "round 2: circuit_masked_avg (circuits) channels per layer"),
 ])
 def test_a_circuit_aware_strategy_completes_with_both_diagnostics(strategy, logged, tmp_path):
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", "experiments/circuits_smoke.yaml", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", "experiments/circuits_smoke.yaml", "--out", str(tmp_path)]
     for item in (f"strategy={strategy}", "data.audit_per_class=10", DIAGNOSTICS):
         cmd += ["--set", item]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

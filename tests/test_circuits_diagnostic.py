@@ -16,11 +16,11 @@ from conftest import as_killed, assert_same_run
 from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from faults import Fault, SimulatedCrash, faulty_app
 from fedmech_flwr import plugins
+from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.arrays import load_arrays, model_arrays
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.hooks import ClientUpdate, RoundState, decode_results, encode_results
-from fedmech_flwr.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.masks import pack_masks, unpack_masks
 from fedmech_flwr.models import build_model
 from fedmech_flwr.run_folder import STATE_FILE, read_records

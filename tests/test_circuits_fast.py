@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 import torch
+from test_circuits import OneConv, channels, no_hooks, one_hot_data, state_hash
 
 from diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
 from diagnostics.circuits.discovery import learn_circuits, mask_logits
 from diagnostics.circuits.gates import GateConfig, channel_view, gated, patched, ste_gate
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import GroupedForward
-from test_circuits import OneConv, channels, no_hooks, one_hot_data, state_hash
 
 
 def per_combination(model, x, y, cls, mask, rnd, means, position):

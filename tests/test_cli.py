@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 PLUGIN_PACKAGES = ("clients", "strategies", "diagnostics")
 
@@ -122,7 +122,7 @@ def test_validate_and_run_refuse_the_same_bad_input_before_anything_starts(overr
     """``validate`` never says OK to a config that ``run`` refuses at start: both exit 2 and
     the first line of stderr names the key, the value and what is allowed (``message``: one
     fragment of that line, or several)."""
-    import fedmech_flwr.cli as cli
+    import fedmech_flwr.tools.cli as cli
 
     fragments = (message,) if isinstance(message, str) else message
 
@@ -139,7 +139,7 @@ def test_validate_and_run_refuse_the_same_bad_input_before_anything_starts(overr
 
 def test_run_of_a_good_config_gets_as_far_as_launch(monkeypatch, tmp_path):
     """The table above is not vacuous: with valid input, ``run`` does reach ``launch``."""
-    import fedmech_flwr.cli as cli
+    import fedmech_flwr.tools.cli as cli
 
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(cli, "launch", _no_launch)
@@ -209,8 +209,8 @@ BAD_FILES = [
 def test_bad_files_and_names_are_refused_in_one_line_before_anything_starts(commands, write, fragments, capsys,
                                                                               monkeypatch, tmp_path):
     """Each exits 2 with one line naming the file or key, leaves no folder, starts nothing."""
-    import fedmech_flwr.cli as cli
-    import fedmech_flwr.sweep as sweep
+    import fedmech_flwr.tools.cli as cli
+    import fedmech_flwr.tools.sweep as sweep
 
     monkeypatch.setattr(cli, "launch", _no_launch)
     monkeypatch.setattr(sweep, "launch", _no_launch)
@@ -242,7 +242,7 @@ def test_out_on_a_read_only_file_system_is_one_line(tmp_path):
     if subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {ro}"],
                       capture_output=True).returncode != 0:
         pytest.skip("unshare cannot mount a read-only tmpfs here")
-    script = (f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m fedmech_flwr.cli "
+    script = (f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m fedmech_flwr.tools.cli "
               f"run experiments/smoke.yaml --out {ro}/runs")
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
@@ -336,7 +336,7 @@ def test_run_config_survives_flowers_run_config_parser():
 
     from flwr.common.config import parse_config_args
 
-    from fedmech_flwr.launch import _quote
+    from fedmech_flwr.tools.launch import _quote
 
     run_config = {
         "experiment": "/some dir/exp.yaml",

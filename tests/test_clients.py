@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from clients.fedbabu import FedBABUClient
 from clients.fedlc import FedLCClient, FedLCConfig
 from clients.proximal import ProximalClient
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.client import ClientData
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records

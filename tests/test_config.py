@@ -193,7 +193,7 @@ EXPERIMENT_FILES = sorted(p for p in [*REPO.glob("experiments/*.yaml"), *REPO.gl
 def test_every_shipped_experiment_and_sweep_cell_validates(path):
     """Names included: a sweep names each cell ``<name>-<labels>_s<seed>``. Validation
     reads each dataset's labels: a machine without the dataset skips, saying which."""
-    from fedmech_flwr.sweep import load_sweep
+    from fedmech_flwr.tools.sweep import load_sweep
 
     plugins.load()
     try:

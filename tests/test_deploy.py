@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, smoke_config
-from fedmech_flwr.client_app import node_dataset
+from fedmech_flwr.app.client_app import node_dataset
 from fedmech_flwr.config import experiment_from_json
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.launch import MAKE_CERTS, QUIET_ENV, Credentials, _free_port, _stop
 from fedmech_flwr.run_folder import LOGS_DIR, read_records, read_status
+from fedmech_flwr.tools.launch import MAKE_CERTS, QUIET_ENV, Credentials, _free_port, _stop
 
 VENV_BIN = Path(sys.executable).parent
 SMALL_RUN = ("federation.num_clients=2", "federation.num_rounds=2")
@@ -34,7 +34,7 @@ SMALL_RUN = ("federation.num_clients=2", "federation.num_rounds=2")
 
 def fedmech(command: str, out: Path, *options: str, overrides: tuple[str, ...] = SMALL_RUN) -> subprocess.Popen:
     """``fedmech COMMAND experiments/smoke.yaml`` in the background, output to out/fedmech.log."""
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", command, "experiments/smoke.yaml", "--out", str(out / "runs"), *options]
+    cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", command, "experiments/smoke.yaml", "--out", str(out / "runs"), *options]
     for item in overrides:
         cmd += ["--set", item]
     out.mkdir(parents=True, exist_ok=True)

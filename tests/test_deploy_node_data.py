@@ -12,12 +12,12 @@ import json
 
 import numpy as np
 import pytest
+from test_deploy import SMALL_RUN, fedmech
 
 from conftest import smoke_config, without_measured
+from fedmech_flwr.app.node_data import write_node_data
 from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.node_data import write_node_data
 from fedmech_flwr.run_folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
-from test_deploy import SMALL_RUN, fedmech
 
 pytestmark = pytest.mark.integration
 

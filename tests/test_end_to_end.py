@@ -15,12 +15,12 @@ import yaml
 
 from conftest import run_folders, smoke_config, without_measured
 from faults import Fault, faulty_app
+from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.app.protocol import ClientFailure, RoundProtocol
 from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_data, new_model, parse_experiment
 from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
-from fedmech_flwr.inprocess import run_in_process
-from fedmech_flwr.protocol import ClientFailure, RoundProtocol
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.training import evaluate
 
@@ -161,7 +161,7 @@ def test_different_seed_differs(smoke_run, tmp_path):
 def test_clients_per_round_samples_two_of_three(tmp_path):
     cfg = smoke_config(["federation.clients_per_round=2"])
     run = run_in_process(cfg, tmp_path)
-    expected = RoundProtocol(None, cfg, {p: p for p in range(CLIENTS)}, [], None, None)
+    expected = RoundProtocol(None, cfg, {p: p for p in range(CLIENTS)}, None)
     clients = read_records(run, "client")
     evals = read_records(run, "eval")
     for rnd in range(1, ROUNDS + 1):

@@ -1,4 +1,4 @@
-"""The diagnostics in a user's own Flower app (``fedmech_flwr.flower``) and its worked
+"""The diagnostics in a user's own Flower app (``fedmech_flwr.app.flower``) and its worked
 example, ``examples/flower-fedavgm``.
 
 - The API's errors: each names what is wrong and what to do.
@@ -29,22 +29,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from conftest import REPO
+from fedmech_flwr.app.flower import WithDiagnostics, attach_diagnostics
+from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process
+from fedmech_flwr.app.protocol import ClientFailure
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.config import SimulationConfig
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.flower import WithDiagnostics, attach_diagnostics
-from fedmech_flwr.inprocess import InProcessGrid, run_in_process
-from fedmech_flwr.launch import launch
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
-from fedmech_flwr.protocol import ClientFailure
 from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.tools.launch import launch
 
 EXAMPLE = REPO / "examples" / "flower-fedavgm"
 RUN_CONFIG = {
@@ -143,9 +144,29 @@ def assert_example_folder(run: Path) -> None:
     assert {"accuracy.png", "circuits_iou.png", "misalignment_accuracy.png", "label_distribution.png"} <= plots
 
 
-def test_the_example_app_in_process_matches_the_same_fedmech_run(example, same_experiment, tmp_path):
-    """Both sides in process: the ServerApp and ClientApp without Ray."""
+def round_lines(text: str) -> list[str]:
+    """The console's round lines, without their time (``| 1.2s``)."""
+    return [re.sub(r" \| [0-9.]+s$", "", line[line.index("round "):]) for line in text.splitlines()
+            if re.search(r"\bround \d+/\d+ \|", line)]
+
+
+def assert_same_run(reference: Path, run: Path) -> None:
+    """The same folder (every file's path), and the same status semantics."""
+    def files(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+    assert files(run) == files(reference)
+    assert read_status(run).keys() == read_status(reference).keys()
+    assert read_status(run)["status"] == read_status(reference)["status"] == "completed"
+
+
+def test_the_example_app_in_process_matches_the_same_fedmech_run(example, same_experiment, tmp_path, caplog):
+    """Both sides in process: the ServerApp and ClientApp without Ray. The same records,
+    folder, status and console round lines; config.yaml records FedAvgM and its settings."""
+    caplog.set_level("INFO", logger="fedmech_flwr")
     reference = run_in_process(load_experiment(same_experiment), tmp_path / "reference")
+    reference_lines = round_lines(caplog.text)
+    caplog.clear()
     server_app, client_app = example
     out = tmp_path / "example"
     run_config = {**RUN_CONFIG, "out": str(out)}
@@ -156,6 +177,11 @@ def test_the_example_app_in_process_matches_the_same_fedmech_run(example, same_e
     (run,) = out.iterdir()
     assert_example_folder(run)
     assert_records_match(reference, run)
+    assert_same_run(reference, run)
+    assert len(reference_lines) == 3 and round_lines(caplog.text) == reference_lines
+    assert f"Run folder: {run}" in caplog.text and f"Run completed: {run}" in caplog.text
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["strategy"]
+    assert recorded["name"] == "flwr.serverapp.strategy.fedavgm.FedAvgM" and recorded["server_momentum"] == 0.5
 
 
 def test_a_strategy_that_samples_itself_is_recorded_as_it_sampled(example, tmp_path):
@@ -183,7 +209,7 @@ def test_flwr_run_of_the_example_matches_the_same_fedmech_run(same_experiment, p
     """``flwr run examples/flower-fedavgm`` and ``fedmech run`` of the same experiment, each
     on a private SuperLink with Ray (about 60 s each)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_site), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.cli", "run", str(same_experiment), "--out",
+    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "run", str(same_experiment), "--out",
                            str(tmp_path / "reference")], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     (reference,) = (tmp_path / "reference").iterdir()
@@ -194,6 +220,8 @@ def test_flwr_run_of_the_example_matches_the_same_fedmech_run(same_experiment, p
     (run,) = out.iterdir()
     assert_example_folder(run)
     assert_records_match(reference, run)
+    assert_same_run(reference, run)
+    assert round_lines(log.getvalue()) == round_lines(done.stdout + done.stderr) != []
 
 
 # --- the API's errors -----------------------------------------------------------------------

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def fedmech_command(out: Path, *overrides: str) -> list[str]:
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", "experiments/smoke.yaml", "--out", str(out)]
+    cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", "experiments/smoke.yaml", "--out", str(out)]
     for item in ("federation.num_clients=2", "federation.num_rounds=3", *overrides):
         cmd += ["--set", item]
     return cmd
@@ -104,7 +104,7 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     killed_after = int(load_arrays(run_dir / STATE_FILE)["round"])
     assert killed_after in (1, 2)
 
-    resumed = subprocess.run([sys.executable, "-m", "fedmech_flwr.cli", "run", "--resume", str(run_dir)],
+    resumed = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "run", "--resume", str(run_dir)],
                              cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
     assert f"Resuming {run_dir} after round {killed_after}" in resumed.stdout

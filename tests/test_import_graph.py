@@ -60,3 +60,20 @@ def test_the_core_has_no_import_cycle():
     graph = core_imports()
     assert "fedmech_flwr.config" in graph and graph["fedmech_flwr.config"]  # the graph was read
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def layer(module: str) -> str:
+    """``core``, ``app`` (what runs inside Flower) or ``tools`` (what runs around it)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("app", "tools") else "core"
+
+
+ALLOWED = {"core": {"core"}, "app": {"core", "app"}, "tools": {"core", "app", "tools"}}
+"""Which layers a layer may import: the arrows go one way."""
+
+
+def test_the_layers_import_one_way():
+    graph = core_imports()
+    assert {layer(m) for m in graph} == {"core", "app", "tools"}  # the layout was read
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) not in ALLOWED[layer(m)])
+    assert wrong == []

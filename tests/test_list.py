@@ -8,8 +8,8 @@ from typing import Literal
 
 import pytest
 
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, LIST_KINDS, main
 from fedmech_flwr.config import plugin_registries
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, LIST_KINDS, main
 from fedmech_flwr.typed import FieldInfo, describe_fields
 
 

@@ -17,14 +17,14 @@ import yaml
 from conftest import rolled_head, small_cnn
 from diagnostics.misalignment import Misalignment, MisalignmentConfig, check_misalignment, degenerate_heads
 from diagnostics.misalignment_table import skew_gaps, table, table_row
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
-from fedmech_flwr.cli import main
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearTrainConfig, balanced_split
 from fedmech_flwr.hooks import ClientUpdate, GlobalContext, RoundState
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.tools.cli import main
 
 NUM_CLASSES = 4
 FAST_HEAD = LinearTrainConfig(epochs=20, batch_size=16, lr=0.05, weight_decay=0.0)
@@ -138,7 +138,7 @@ def test_in_process_run_records_the_table_and_plots(make_cfg, tmp_path, capsys, 
 
     assert main(["misalignment-table", str(run), "--round", "1"]) == 0
     header, rule, row = capsys.readouterr().out.strip().splitlines()[:3]
-    assert "| probe (%) |" in header and "| realigned - global (pp) |" in header and rule.startswith("|---|")
+    assert "| probe (%) |" in header and "| realigned − global (pp) |" in header and rule.startswith("|---|")
     cells = dict(zip(header.strip("| ").split(" | "), row.strip("| ").split(" | ")))
     assert cells["round"] == "1" and cells["partition"] == "dirichlet(alpha=0.5, min_samples=10, max_attempts=100)"
     assert cells["strategy"] == "fedavg(weighting=examples)"
@@ -187,8 +187,9 @@ def test_a_head_that_predicts_one_class_is_flagged(separable_cnn, caplog):
     assert "degenerate head(s), one class for > 90% of the test images: global (class 1: 100%)" in caplog.text
     row = table_row(Path("run"), {"data": {"partition": {"name": "iid"}}, "strategy": {"name": "fedavg"},
                                   "client": {"name": "plain"}}, {**record, "round": 3})
-    assert row["global (%)"] == f"{100 * record['global']['accuracy']:.1f} [1: 100%]"
-    assert "[" not in row["probe (%)"]
+    assert row["global (%)"] == f"{100 * record['global']['accuracy']:.1f} ⚑ one class"
+    assert row["probe − global (pp)"].endswith("⚑ one class")  # a gap against a one-class head
+    assert "⚑" not in row["probe (%)"]
 
 
 def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):
@@ -198,7 +199,7 @@ def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp
 
 
 def test_an_audit_set_that_overlaps_the_test_set_is_refused(make_cfg, tmp_path, monkeypatch):
-    import fedmech_flwr.server as server
+    import fedmech_flwr.app.run as server
 
     real = server.load_data
 

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from conftest import REPO
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, NEW_KINDS, main
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, NEW_KINDS, main
 
 
 def written(capsys, kind: str, name: str, folder) -> list[str]:
@@ -80,7 +80,7 @@ def test_a_written_model_runs_with_fedmech_run_on_the_server_and_the_ray_workers
     folder = tmp_path / "lab"
     written(capsys, "model", "lab_mlp", folder)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(folder / "lab_mlp.yaml"),
+    cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", str(folder / "lab_mlp.yaml"),
            "--out", str(tmp_path / "out"), "--set", "federation.num_clients=2", "--set", "federation.num_rounds=1"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

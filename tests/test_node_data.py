@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 
 from conftest import REPO, smoke_config, without_measured
+from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.app.node_data import NodeDataError, NodeDataSpec, class_index, load_node_data, write_node_data
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.data import Pixels, _normalise
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.inprocess import run_in_process
-from fedmech_flwr.launch import node_configs
-from fedmech_flwr.node_data import NodeDataError, NodeDataSpec, class_index, load_node_data, write_node_data
 from fedmech_flwr.run_folder import CLIENT_FAILURES_LOG, FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.tools.launch import node_configs
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover")
 PIXELS = Pixels("uint8", (0.2860,), (0.3530,))
@@ -198,7 +198,7 @@ def bad_node(tmp_path):
 def test_a_node_with_bad_data_is_refused_before_training_and_the_run_goes_on(tmp_path, node_files, caplog):
     cfg = smoke_config(["federation.num_clients=3", "federation.num_rounds=1", "federation.on_client_failure=continue"])
     nodes = [own(node_files[0]), own(bad_node(tmp_path), "lab"), {"partition-id": 1, "num-partitions": 3}]
-    with caplog.at_level(logging.ERROR, logger="fedmech_flwr.client_app"):
+    with caplog.at_level(logging.ERROR, logger="fedmech_flwr.app.client_app"):
         run = run_in_process(cfg, tmp_path / "runs", node_configs=nodes)
     assert "node 'lab' refuses to take part" in caplog.text and "images are 28x28 pixels, expected 12x12" in caplog.text
     assert read_status(run)["status"] == "completed"
@@ -235,7 +235,7 @@ def test_own_data_with_a_validation_split_reports_its_numbers(tmp_path, node_fil
 def test_a_node_with_both_a_partition_and_own_data_is_refused():
     from flwr.app import Context, RecordDict
 
-    from fedmech_flwr.client_app import own_data
+    from fedmech_flwr.app.client_app import own_data
 
     context = Context(run_id=1, node_id=7, node_config={"data-path": "/x.npz", "partition-id": 0}, state=RecordDict(),
                       run_config={})
@@ -262,7 +262,7 @@ def test_a_fashion_mnist_shard_written_as_pngs_reads_back_as_the_same_images(tmp
 
 
 def test_deploy_local_refuses_bad_node_data_folders_before_flower_starts(tmp_path, monkeypatch, capsys):
-    from fedmech_flwr import cli
+    from fedmech_flwr.tools import cli
 
     monkeypatch.setattr(cli, "deploy_local", lambda *a, **k: pytest.fail("Flower was started"))
     command = ["deploy-local", "experiments/smoke.yaml", "--out", str(tmp_path / "runs"), "--node-data"]

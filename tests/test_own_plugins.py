@@ -6,6 +6,7 @@ Ray workers."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -18,14 +19,16 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from conftest import REPO, SMOKE
-from fedmech_flwr import client_app, plugins
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from fedmech_flwr import plugins
+from fedmech_flwr.app import client_app
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 LAB = "lab16"
-STRATEGY = '''"""FedAvg that also reports a metric of its own: the run's records show it aggregated."""
+STRATEGY = '''"""FedAvg that also reports a metric of its own, and declares it."""
+from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
@@ -36,7 +39,9 @@ class LabFedAvg(WeightedFedAvg):
         return arrays, {"lab-strategy": 16}
 
 
-@STRATEGIES.register("lab_fedavg", FedAvgConfig)
+@STRATEGIES.register("lab_fedavg", FedAvgConfig, outputs=Outputs("Lab strategy", {
+    "lab_strategy": Metric("lab mark", ("lab_strategy",), "marks", 0),
+}, curves=("lab_strategy",), headline=("lab_strategy",)))
 def lab_fedavg(params, ctx):
     return LabFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
 '''
@@ -51,8 +56,41 @@ class TaggedClient(PlainClient):
         weights, num_examples, metrics = super().fit(parameters, config)
         return weights, num_examples, {**metrics, "lab-client": 16}
 '''
+GEOMETRY = '''"""The global weights' norm and the cosine between the clients' updates, declared."""
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+
+from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult
+from fedmech_flwr.outputs import Metric, Outputs
+
+
+@dataclass
+class GeometryConfig:
+    pass
+
+
+def flat(arrays):
+    return np.concatenate([v.ravel() for v in arrays.values()]).astype(np.float64)
+
+
+@DIAGNOSTICS.register("lab_geometry", GeometryConfig, outputs=Outputs("Update geometry", {
+    "weight_norm": Metric("global weight norm", ("weight_norm",), "L2", 2),
+    "cosine": Metric("cosine between client updates", ("cosine",), "cosine", 3, better="higher",
+                     flag=lambda r: "one client" if r["clients"] < 2 else None),
+}, curves=("weight_norm", "cosine"), headline=("cosine",)))
+class Geometry(Diagnostic):
+    def server_side(self, state):
+        start = flat(state.previous_global_arrays)
+        steps = [flat(u.arrays) - start for u in state.clients.values()]
+        cosines = [a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) for a, b in combinations(steps, 2)]
+        return DiagnosticResult({"weight_norm": float(np.linalg.norm(flat(state.global_arrays))),
+                                 "cosine": float(np.mean(cosines)) if cosines else None, "clients": len(steps)})
+'''
 MODULES = {
     "strategy": STRATEGY,
+    "geometry": GEOMETRY,
     "client": CLIENT,
     "again": STRATEGY.replace("class LabFedAvg", "class AgainFedAvg").replace("LabFedAvg(", "AgainFedAvg("),
     "dup": 'from fedmech_flwr.strategy import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
@@ -119,7 +157,7 @@ NOT_FOUND = f"; to make it importable, {plugins.MAKE_IMPORTABLE}"
 ])
 def test_a_plugin_that_cannot_be_imported_exits_2_naming_key_module_and_error(plugin_site, tmp_path, capsys,
                                                                              monkeypatch, module, message):
-    import fedmech_flwr.cli as cli
+    import fedmech_flwr.tools.cli as cli
 
     write_lab(plugin_site)
     monkeypatch.setattr(cli, "launch", lambda *a, **k: pytest.fail("fedmech run started Flower for a bad plug-in"))
@@ -187,7 +225,7 @@ def lacking_on(partition: int, module: str) -> ClientApp:
     SuperNode where it is not installed."""
     app = ClientApp()
 
-    @app.query()
+    @app.query(client_app.IDENTIFY_ACTION)
     def identify(msg: Message, context: Context) -> Message:
         if int(context.node_config["partition-id"]) != partition:
             return client_app.identify(msg, context)
@@ -207,7 +245,7 @@ def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(plugin_site,
     write_lab(plugin_site)
     exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg"},
                      federation={"num_clients": 3, "num_rounds": 1, "on_client_failure": "continue"}, diagnostics=[])
-    with caplog.at_level(logging.ERROR, logger="fedmech_flwr.client_app"):
+    with caplog.at_level(logging.ERROR, logger="fedmech_flwr.app.client_app"):
         run = run_in_process(load_experiment(exp), tmp_path / "runs", client_app=lacking_on(1, f"{LAB}.strategy"))
     missing = "cannot import plug-in module 'lab16.strategy': ModuleNotFoundError: import of lab16.strategy halted"
     assert f"node 'node-1001' refuses to take part: {missing}" in caplog.text
@@ -222,22 +260,57 @@ def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(plugin_site,
 # --- one real run ------------------------------------------------------------------------
 
 @pytest.mark.integration
-def test_fedmech_run_uses_both_kinds_of_plugin_in_the_server_and_the_ray_workers(tmp_path):
-    """``plugins:`` brings the strategy, an entry point the client; only the directory on
-    PYTHONPATH makes either importable, in the CLI, the ServerApp and every Ray worker."""
+def test_a_users_plugins_run_and_every_output_shows_what_they_declare(tmp_path):
+    """A diagnostic and a strategy from a package outside the repository (``plugins:``),
+    and a client from an entry point: one real ``fedmech run``, then a two-seed sweep.
+    Only the directory on PYTHONPATH makes them importable, in the CLI, the ServerApp and
+    every Ray worker. Their declared metrics reach the console's round line, the sweep's
+    progress line, ``fedmech plot``'s files, and the report's table, curves, leaderboard
+    and summary.json, with no core edit."""
     site = tmp_path / "site"
     site.mkdir()
     write_lab(site, {"tagged": f"{LAB}.client"})
-    exp = experiment(tmp_path, plugins=[f"{LAB}.strategy"], strategy={"name": "lab_fedavg"},
-                     client={"name": "lab_tagged"})
+    exp = experiment(tmp_path, plugins=[f"{LAB}.strategy", f"{LAB}.geometry"], client={"name": "lab_tagged"},
+                     strategy={"name": "lab_fedavg", "weighting": "uniform"}, diagnostics=[{"name": "lab_geometry"}],
+                     federation={"num_clients": 2, "num_rounds": 3})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "fedmech_flwr.cli", "run", str(exp), "--out", str(tmp_path / "out"),
-           "--set", "federation.num_clients=2", "--set", "federation.num_rounds=1"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    def fedmech(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        return done.stdout + done.stderr
+
+    console = fedmech("run", str(exp), "--out", str(tmp_path / "out"))
     (run,) = list((tmp_path / "out").iterdir())
     assert read_status(run)["status"] == "completed"
-    assert sorted((r["partition_id"], r["lab_client"]) for r in read_records(run, "client")) == [(0, 16), (1, 16)]
-    (aggregate,) = read_records(run, "strategy")
-    assert aggregate["lab_strategy"] == 16
-    assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["lab16.strategy"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["lab16.strategy", "lab16.geometry"]
+    assert sorted((r["partition_id"], r["lab_client"]) for r in read_records(run, "client") if r["round"] == 1) == \
+        [(0, 16), (1, 16)]
+    line = next(x for x in console.splitlines() if "round 3/3 |" in x)
+    assert "| cosine between client updates " in line and "| lab mark 16 |" in line, line
+
+    for plot in (run / "plots").iterdir():
+        plot.unlink()
+    drawn = fedmech("plot", str(run))
+    assert "lab_geometry_cosine.png" in drawn and "strategy_lab_strategy.png" in drawn
+    assert {"lab_geometry_weight_norm.png", "lab_geometry_cosine.png", "strategy_lab_strategy.png"} <= \
+        {p.name for p in (run / "plots").iterdir()}
+
+    sweep = tmp_path / "seeds.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(exp), "name": "lab", "seeds": [0, 1],
+                                     "set": {"strategy.weighting": "examples"}}))
+    progress = fedmech("sweep", str(sweep), "--out", str(tmp_path / "sweeps"))
+    assert progress.count("| lab mark 16") == 2 and "cosine between client updates" in progress, progress
+    cells = sorted((tmp_path / "sweeps" / "lab" / "runs").iterdir())
+    fedmech("report", *map(str, cells), str(run), "--out", str(tmp_path / "report"))
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    sweep_group = next(g for g in summary["groups"] if g["completed"] == 2)
+    assert sweep_group["stats"]["lab_geometry.cosine"]["n"] == 2
+    assert sweep_group["stats"]["strategy.lab_strategy"]["mean"] == 16
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "<h2>Update geometry</h2>" in html and "<h2>Strategy metrics</h2>" in html and "lab mark" in html
+    assert "plots/lab_geometry_cosine.png" in (tmp_path / "report" / "report.md").read_text()  # its curve, 3 rounds
+    board = html[html.index("<h2>Strategy leaderboard</h2>"):]
+    assert "lab_fedavg(examples) + lab_tagged" in board and "lab_fedavg(uniform) + lab_tagged" in board
+    assert "cosine between client updates" in board and "lab mark" in board

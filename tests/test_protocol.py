@@ -9,11 +9,9 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from conftest import outgoing, train_reply
-from fedmech_flwr.arrays import from_record
-from fedmech_flwr.client_app import app as client_app
-from fedmech_flwr.data import DatasetBundle
-from fedmech_flwr.inprocess import InProcessGrid
-from fedmech_flwr.protocol import (
+from fedmech_flwr.app.client_app import app as client_app
+from fedmech_flwr.app.inprocess import InProcessGrid
+from fedmech_flwr.app.protocol import (
     NODE_PROVIDED,
     SHARD,
     ClientFailure,
@@ -22,8 +20,10 @@ from fedmech_flwr.protocol import (
     RoundSummary,
     discover_nodes,
 )
+from fedmech_flwr.arrays import from_record
+from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY
+from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
 from strategies.fedavg import WeightedFedAvg
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
@@ -34,16 +34,13 @@ class Recorder:
     """Stands in for the RunFolder: keeps what the protocol writes."""
 
     def __init__(self) -> None:
-        self.clients, self.failures, self.diagnostics, self.aggregates = [], [], [], []
+        self.clients, self.failures, self.aggregates = [], [], []
 
     def client(self, server_round, update):
         self.clients.append((server_round, update.partition_id, update.num_examples))
 
     def failure(self, server_round, partition_id, reason, policy, details=""):
         self.failures.append({"round": server_round, "partition_id": partition_id, "reason": reason, "policy": policy})
-
-    def diagnostic(self, server_round, name, result, seconds):
-        self.diagnostics.append((server_round, name, result))
 
     def strategy(self, server_round, metrics):
         self.aggregates.append((server_round, metrics))
@@ -62,12 +59,8 @@ class OrderRecordingFedAvg(WeightedFedAvg):
         return super().aggregate_train(server_round, replies)
 
 
-def make_state(*args):
-    raise AssertionError("no diagnostics configured, so no RoundState should be built")
-
-
 def protocol(cfg, strategy=None, partitions=PARTITIONS, recorder=None):
-    proto = RoundProtocol(strategy or OrderRecordingFedAvg(), cfg, dict(partitions), [], make_state, recorder or Recorder())
+    proto = RoundProtocol(strategy or OrderRecordingFedAvg(), cfg, dict(partitions), recorder or Recorder())
     proto.current = RoundSummary(1, tuple(sorted(partitions)))
     return proto
 
@@ -175,7 +168,7 @@ def test_strategy_returning_nothing_fails_clearly(smoke_cfg, messages):
 
 
 def test_post_aggregate_is_applied(smoke_cfg, messages):
-    proto = RoundProtocol(WeightedFedAvg(), smoke_cfg, PARTITIONS, [], make_state, Recorder(),
+    proto = RoundProtocol(WeightedFedAvg(), smoke_cfg, PARTITIONS, Recorder(),
                           post_aggregate=lambda arrays: {k: np.zeros_like(v) for k, v in arrays.items()})
     proto.current = RoundSummary(1, (0, 1, 2))
     arrays, _ = proto.aggregate_train(1, [reply(messages, p) for p in range(3)])
@@ -189,8 +182,8 @@ def discover(grid: InProcessGrid, expected: int, timeout: float = 5):
     from flwr.app import ConfigRecord
 
     from conftest import smoke_config
+    from fedmech_flwr.app.node_data import NodeDataSpec
     from fedmech_flwr.experiment import load_data
-    from fedmech_flwr.node_data import NodeDataSpec
 
     cfg = smoke_config()
     bundle: DatasetBundle = load_data(cfg)
@@ -257,7 +250,7 @@ def test_discover_node_with_wrong_num_partitions():
 def test_discover_refuses_a_node_that_errors():
     broken = ClientApp()
 
-    @broken.query()
+    @broken.query(IDENTIFY_ACTION)
     def identify(msg: Message, context: Context) -> Message:
         if context.node_id == 1000:
             raise RuntimeError("no partition here")
@@ -302,13 +295,24 @@ class StatefulFedAvg(WeightedFedAvg):
         self.memory = arrays
 
 
-def test_resumed_protocol_shifts_rounds_and_restores_state(smoke_cfg, messages):
+def test_resumed_protocol_shifts_rounds(smoke_cfg, messages):
     rec = Recorder()
-    proto = RoundProtocol(StatefulFedAvg(), smoke_cfg, PARTITIONS, [], make_state, rec, resume_after=2)
+    proto = RoundProtocol(WeightedFedAvg(), smoke_cfg, PARTITIONS, rec, resume_after=2)
     proto.current = RoundSummary(3, (0, 1, 2))
     proto.aggregate_train(1, [reply(messages, p) for p in range(3)])  # Flower's round 1 is round 3
     assert [server_round for server_round, _, _ in rec.clients] == [3, 3, 3]
-    assert list(proto.state()) == ["strategy/m"]
-    fresh = RoundProtocol(StatefulFedAvg(), smoke_cfg, PARTITIONS, [], make_state, rec)
+
+
+def test_a_runs_resumable_state_is_saved_and_restored(smoke_cfg, tmp_path):
+    """The strategy's state under ``strategy/``; a fresh run gets it back."""
+    from flwr.app import ConfigRecord
+
+    from fedmech_flwr.app.run import Run, RunInputs
+
+    def run():
+        return Run(RunInputs(smoke_cfg, {}, StatefulFedAvg(), None, None, 4, [], {}, ConfigRecord(), tmp_path))
+
+    assert list(run().state()) == ["strategy/m"]
+    fresh = run()
     fresh.restore({"strategy/m": np.ones(3)})
-    np.testing.assert_array_equal(fresh.strategy.memory["m"], np.ones(3))
+    np.testing.assert_array_equal(fresh.inputs.strategy.memory["m"], np.ones(3))

@@ -9,15 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from conftest import REPO, launch_processes_of
-from fedmech_flwr.reaper import MARKER, launch_processes
 from fedmech_flwr.run_folder import process_alive
+from fedmech_flwr.tools.reaper import MARKER, launch_processes
 
 OWNER = """
 import os, pathlib, subprocess, sys, time
-from fedmech_flwr.reaper import MARKER, start_reaper
+from fedmech_flwr.tools.reaper import MARKER, start_reaper
 home = pathlib.Path(sys.argv[1]); home.mkdir()
 start_reaper(home)
 def start(cmd, env, cwd):  # each in a session of its own, as the SuperLink starts Ray

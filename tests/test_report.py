@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedmech_flwr.cli import main
+from conftest import REPO
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import declared
-from fedmech_flwr.report import Stat, format_stat, read_inputs, read_paper_values, write_report
+from fedmech_flwr.tools.cli import main
+from fedmech_flwr.tools.report import Stat, format_stat, read_inputs, read_paper_values, write_report
 
 T2 = 4.302652730  # t_{0.975, df=2}
 T1 = 12.706204736  # t_{0.975, df=1}
@@ -300,8 +301,9 @@ def test_the_leaderboard_ranks_strategies_by_mean_accuracy(sweep_report):
     md = (out / "report.md").read_text()
     board = md.split("## Strategy leaderboard")[1].split("##")[0]
     rows = [line for line in board.splitlines() if line.startswith("| fed")]
-    # fedavg: mean of 82.0 (iid) and 25.0 (dirichlet) = 53.5; fedprox: 50.0 (dirichlet only)
-    assert rows[0].startswith("| fedavg(examples) + plain |") and rows[0].endswith("| 53.5 |")
+    # fedavg: mean of 82.0 (iid) and 25.0 (dirichlet) = 53.5, flagged: a one-class model is behind it;
+    # fedprox: 50.0 (dirichlet only)
+    assert rows[0].startswith("| fedavg(examples) + plain |") and rows[0].endswith("| 53.5 ⚑ |")
     assert rows[1].startswith("| fedprox(examples) + proximal | – |")  # one fedprox: mu tells nothing apart
     assert "| strategy + client | iid | dirichlet(alpha=0.05) | mean over columns (%) |" in board
 
@@ -475,6 +477,51 @@ def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatc
     assert accuracy["footnote"].startswith("⚑ one class: the global model predicts one class for more than 90%")
 
 
+CIRCUITS = "diagnostics=[{name: circuits, every: 1, min_class_samples: 10, ablation_samples: 40, " \
+           "gates: {steps: 30, batch_size: 32, lam: %s}}]"
+REAL_RUNS = {
+    # one class per client, and gates so sparse that every circuit of the round is empty
+    "controlled split": (["data.partition={name: class_map, classes: {0: [0], 1: [1], 2: [2]}}", CIRCUITS % 5],
+                         ["global test accuracy 25.0% ⚑ one class", "local-to-global undefined ⚑ mostly empty circuits"],
+                         ["⚑ one class in 1/1 seeds", "⚑ mostly empty circuits in 1/1 seeds"]),
+    # alpha 0.05 and a large step: the global model collapses onto one class
+    "collapsed alpha 0.05": (["data.partition={name: dirichlet, alpha: 0.05, min_samples: 10}", "train.lr=0.1",
+                              CIRCUITS % 0.02], ["global test accuracy 27.0% ⚑ one class"], ["⚑ one class in 1/1 seeds"]),
+}
+
+
+@pytest.mark.parametrize("case", REAL_RUNS)
+def test_a_real_runs_flags_travel_with_its_values_to_every_output(case, tmp_path, caplog, monkeypatch):
+    """A smoke-size run in process: its flagged values are marked in the console's round
+    line, the sweep's progress line, the run's accuracy plot and the report's cells."""
+    from fedmech_flwr import plotting, plugins
+    from fedmech_flwr.app.inprocess import run_in_process
+    from fedmech_flwr.experiment import load_experiment
+    from fedmech_flwr.tools.sweep import headline
+
+    plugins.load()
+    sets, shown, reported = REAL_RUNS[case]
+    caplog.set_level("INFO", logger="fedmech_flwr")
+    run = run_in_process(load_experiment(REPO / "experiments" / "circuits_smoke.yaml",
+                                         ["federation.num_rounds=1", *sets]), tmp_path / "runs")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("round 1/1 |"))
+    assert all(text in line for text in shown), line
+    assert all(text in headline(run) for text in shown)
+    drawn = {}
+    real = plotting.line_plot
+
+    def line_plot(lines, title, *args, **kwargs):
+        drawn[title] = kwargs
+        return real(lines, title, *args, **kwargs)
+
+    monkeypatch.setattr(plotting, "line_plot", line_plot)
+    plotting.plot_run(run)
+    assert drawn["Accuracy over rounds"]["notes"]["global model (test)"][1].startswith("⚑ one class")
+    write_report([run], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert all(text in md for text in reported)
+
+
 PLUGIN = '''
 from dataclasses import dataclass
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic
@@ -545,19 +592,23 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
 
 @pytest.mark.parametrize("fraction, flagged", [(1.0, True), (0.3, False)])
 def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagged):
+    """The round line shows the round's declared headline metrics with their flags."""
     from types import SimpleNamespace
 
-    from fedmech_flwr.server import RoundEnd
+    from fedmech_flwr.app.run import Run
     from fedmech_flwr.training import EvalResult
 
-    end = SimpleNamespace(protocol=SimpleNamespace(current=SimpleNamespace(started_at=0.0, succeeded=[0], sampled=[0])),
-                          run=SimpleNamespace(cfg=SimpleNamespace(federation=SimpleNamespace(num_rounds=3))))
-    res = EvalResult(2.3, 0.1, [1.0] + [0.0] * 9, 1000, 3, fraction)
-    with caplog.at_level("INFO", logger="fedmech_flwr.server"):
-        RoundEnd._log(end, 2, res, 0.9)
+    evaluated = {"kind": "eval", "round": 2, "accuracy": 0.1, "max_predicted_class": 3,
+                 "max_predicted_fraction": fraction}
+    probed = {"kind": "diagnostic", "round": 2, "name": "misalignment", "probe": {"accuracy": 0.366}}
+    run = SimpleNamespace(protocol=SimpleNamespace(current=SimpleNamespace(started_at=0.0, succeeded=[0], sampled=[0])),
+                          cfg=SimpleNamespace(federation=SimpleNamespace(num_rounds=3)),
+                          folder=SimpleNamespace(recent=[evaluated, probed]))
+    with caplog.at_level("INFO", logger="fedmech_flwr.app.run"):
+        Run._log(run, 2, EvalResult(2.3, 0.1, [1.0] + [0.0] * 9, 1000, 3, fraction), 0.9)
     line = caplog.records[-1].getMessage()
-    assert line.startswith("round 2/3 | test acc 10.00%")
-    assert ("⚑ one class (100% predicted as class 3)" in line) == flagged
+    accuracy = "global test accuracy 10.0%" + (" ⚑ one class" if flagged else "")
+    assert line.startswith(f"round 2/3 | {accuracy} | probe 36.6% | loss 2.3000 | sparsity 90.00% | clients 1/1 | ")
 
 
 def test_a_value_that_rounds_to_zero_is_never_minus_zero():

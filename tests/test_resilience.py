@@ -25,14 +25,12 @@ from flwr.common.constant import ErrorCode
 
 from conftest import SMOKE, as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
-from fedmech_flwr import cli
+from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
+from fedmech_flwr.app.protocol import ClientFailure, failure_reason
+from fedmech_flwr.app.run import Diverged
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
-from fedmech_flwr.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
-from fedmech_flwr.inprocess import resume_in_process, run_in_process
-from fedmech_flwr.launch import LaunchResult
-from fedmech_flwr.protocol import ClientFailure, failure_reason
 from fedmech_flwr.run_folder import (
     LOCK_FILE,
     METRICS_FILE,
@@ -43,8 +41,10 @@ from fedmech_flwr.run_folder import (
     read_records,
     read_status,
 )
-from fedmech_flwr.server import Diverged
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from fedmech_flwr.tools import cli
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
+from fedmech_flwr.tools.launch import LaunchResult
 from strategies.fedavg import WeightedFedAvg
 
 ROUNDS = 3
@@ -102,7 +102,7 @@ RAY_REASON = (
     "line 60, in run\n    out_message = app(message=message, context=context)\n"
     '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/clientapp/client_app.py", line 174, in __call__\n'
     "    return self._call(message, context)\n"
-    '  File "/work/main/fedmech_flwr/client_app.py", line 131, in train\n'
+    '  File "/work/main/fedmech_flwr/app/client_app.py", line 131, in train\n'
     "    new_params, num_examples, client_metrics = client.fit(params, {**fit_config})\n"
     '  File "/work/main/clients/plain.py", line 40, in fit\n    raise RuntimeError("CUDA out of memory")\n'
     "RuntimeError: CUDA out of memory\n\nThe above exception was the direct cause of the following exception:\n\n"
@@ -576,7 +576,7 @@ NO_SPACE = OSError(28, "No space left on device")
 
 def test_a_run_that_fails_after_its_last_round_is_marked_failed_with_the_reason(tmp_path, monkeypatch):
     """Disk full while drawing the final plots: the run's status says failed, and why."""
-    import fedmech_flwr.server as server
+    import fedmech_flwr.app.run as server
 
     def full_disk(run_dir, *args, **kwargs):
         raise NO_SPACE

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from conftest import REPO, as_killed
-from fedmech_flwr.cli import main
 from fedmech_flwr.errors import ConfigError, RunFolderError
-from fedmech_flwr.sweep import auto_label, check_fits, headline, load_sweep, plan_action
+from fedmech_flwr.tools.cli import main
+from fedmech_flwr.tools.sweep import auto_label, check_fits, headline, load_sweep, plan_action
 
 SMOKE = str(REPO / "experiments" / "smoke.yaml")
 

@@ -8,7 +8,6 @@ About 4-5 minutes on 2 cores (each cell starts its own SuperLink and Ray).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_same_run, launch_processes_of
-from fedmech_flwr.report import write_report
 from fedmech_flwr.run_folder import STATE_FILE, process_alive
+from fedmech_flwr.tools.report import write_report
 
 pytestmark = pytest.mark.integration
 CELLS = ["iid_fedavg_s0", "iid_fedavg_s1", "dir0.5_fedavg_s0", "dir0.5_fedavg_s1"]
 
 
 def sweep_command(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "fedmech_flwr.cli", "sweep", "experiments/smoke_sweep.yaml", "--out", str(out),
+    return [sys.executable, "-m", "fedmech_flwr.tools.cli", "sweep", "experiments/smoke_sweep.yaml", "--out", str(out),
             "--only", "strategy+client=fedavg", *extra]
 
 

@@ -14,8 +14,8 @@ import yaml
 from conftest import smoke_config
 from diagnostics.usae.model import load_usae
 from fedmech_flwr.arrays import load_arrays, save_arrays
-from fedmech_flwr.cli import EXIT_BAD_INPUT, build_parser, main
 from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, build_parser, main
 
 TINY = ["--set", "expansion=2", "--set", "k=4", "--set", "epochs=2"]
 NO_CONTROLS = ["--no-null-control", "--no-seed-control"]
@@ -25,7 +25,7 @@ TINY_YAML = "{expansion: 2, k: 4, epochs: 2, batch_size: 256}"
 @pytest.fixture(scope="module")
 def usae_run(tmp_path_factory) -> Path:
     """A second smoke run (other seed, an audit set) with the usae diagnostic every round."""
-    from fedmech_flwr.inprocess import run_in_process
+    from fedmech_flwr.app.inprocess import run_in_process
 
     torch.set_num_threads(1)
     cfg = smoke_config([

@@ -5,13 +5,13 @@ misalignment diagnostics on, pruning included."""
 from __future__ import annotations
 
 import pytest
-from test_models import user_mlp  # noqa: F401  (registers user_mlp)
 
 from conftest import REPO
 from fedmech_flwr import plugins
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.inprocess import run_in_process
 from fedmech_flwr.run_folder import read_records, read_status
+from test_models import user_mlp  # noqa: F401  (registers user_mlp)
 
 TINY = [  # batches of 30: no client's last batch holds one image, which BatchNorm cannot train on at 1x1
     "federation.num_rounds=1", "data.audit_per_class=10", "train.epochs=1", "train.batch_size=30",

@@ -216,7 +216,7 @@ class Circuits(Diagnostic):
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Each client's latest class circuits, as ``<partition>/<class>/<layer>``: the
-        ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.protocol.Resumable``)."""
+        ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.hooks.Resumable``)."""
         return {f"{pid}/{c}/{layer}": mask for pid, classes in self._previous.items()
                 for c, masks in classes.items() for layer, mask in masks.items()}
 

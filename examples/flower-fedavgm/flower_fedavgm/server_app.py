@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvgM
 
-from fedmech_flwr.flower import WithDiagnostics
+from fedmech_flwr.app.flower import WithDiagnostics
 from flower_fedavgm.task import load_federation, make_model
 
 app = ServerApp()

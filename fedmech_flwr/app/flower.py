@@ -6,12 +6,13 @@ its layout:
 
 - on the server, ``WithDiagnostics(strategy, model_builder, config, test=..., audit=...)``
   wraps any Flower strategy of the Message API, the way Flower's DP wrappers do. Its
-  ``start`` is Flower's; every round, after the strategy aggregated, the round protocol
-  (``fedmech_flwr.protocol.RoundProtocol``) and the server's round end
-  (``fedmech_flwr.server.RoundEnd``) evaluate the new global model on ``test``, run the due
-  diagnostics on it (their client-side parts through this project's ``query.diagnose``)
-  and write the run folder ``fedmech run`` writes: config, environment, partitions,
-  metrics.jsonl, checkpoints, the final model and plots;
+  ``start`` is Flower's, and runs ``fedmech run``'s own run lifecycle
+  (``fedmech_flwr.app.run.Run``): every round, after the strategy aggregated, the new
+  global model is evaluated on ``test`` and the due diagnostics run on it (their
+  client-side parts through this project's ``query.diagnose``); the run folder is the
+  one ``fedmech run`` writes (config, with your strategy and its arguments, environment,
+  partitions, metrics.jsonl, checkpoints, the final model and plots, status), and the
+  ServerApp's log shows the same round lines;
 - on every client, ``attach_diagnostics(app, model_builder, train_data)`` registers the
   queries that server sends (``query.identify``, ``query.diagnose``) on your ClientApp and
   adds the diagnostics' after-training part (``Diagnostic.client_side``, e.g. local
@@ -50,16 +51,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app.client_app import node_partition
+from fedmech_flwr.app.client_side import NodeRound
+from fedmech_flwr.app.protocol import RoundProtocol
+from fedmech_flwr.app.run import LabelledSet, Run, RunInputs, output_root, show_logs
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays
-from fedmech_flwr.client_app import global_results, local_results, node_partition
 from fedmech_flwr.config import FlowerAppConfig, parse_flower_app, plugin_registries, read_yaml
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.protocol import RoundProtocol, discover_nodes
-from fedmech_flwr.run_folder import ResumePoint, RunFolder
-from fedmech_flwr.server import RoundEnd, RunContext, completing, output_root, refuse, round_state
 from fedmech_flwr.training import resolve_device
 from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
 
@@ -70,8 +70,6 @@ ModelBuilder = Callable[[], torch.nn.Module]
 NodeModelBuilder = Callable[[Context], torch.nn.Module]
 """A client's: the same fresh model, given the node's Flower context (a ClientApp learns its
 run config only from it)."""
-LabelledSet = tuple[torch.Tensor, torch.Tensor]
-"""Images ``[N, C, H, W]`` and integer labels ``[N]``."""
 TrainData = Callable[[Context], LabelledSet]
 """The node's own training data, given its Flower context."""
 
@@ -136,10 +134,8 @@ class WithDiagnostics(Strategy):
         self.test = test
         self.audit = audit
         self.out = str(out) if out else None
-        self.run_dir: Path | None = None
-        """The run folder, once ``start`` made it."""
         self._check()
-        self._protocol: RoundProtocol | None = None
+        self._run: Run | None = None
 
     def _check(self) -> None:
         """Each diagnostic's own rules (as ``fedmech validate`` runs them), against the sets given."""
@@ -167,62 +163,47 @@ class WithDiagnostics(Strategy):
                 raise
 
     def summary(self) -> None:
-        (self._protocol or self.strategy).summary()
+        (self._run.protocol if self._run and self._run.protocol else self.strategy).summary()
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder, once ``start`` made it."""
+        return self._run.folder.path if self._run and self._run.folder else None
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
         """Flower's ``Strategy.start``, writing a run folder (``run_dir``) as it goes.
 
-        Before the first round every node is asked its partition-id and label histogram
-        (``query.identify``). Each round ends with your ``evaluate_fn`` (if any), then the
-        server's evaluation on ``test``, the divergence check, the diagnostics and the
-        checkpoint. Returns Flower's ``Result``.
+        The run is ``fedmech run``'s (``fedmech_flwr.app.run.Run``): before the first round
+        every node is asked its partition-id and label histogram (``query.identify``); each
+        round ends with your ``evaluate_fn`` (if any), then the server's evaluation on
+        ``test``, the divergence check, the diagnostics, the checkpoint and the console's
+        round line. Returns Flower's ``Result``.
         """
+        show_logs()
         cfg = self.cfg = replace(self.cfg, federation=replace(self.cfg.federation, num_rounds=num_rounds,
                                                                round_timeout_s=float(timeout)))
         device = resolve_device(cfg.device)
-        identify = ConfigRecord({CONFIG_KEY: cfg.to_json()})
-        roster = discover_nodes(grid, cfg.federation.num_clients, timeout, identify, cfg.num_classes, IDENTIFY_ACTION)
-        folder = RunFolder.create(output_root(cfg, self.out), cfg.name)
-        self.run_dir = folder.path
-        with completing(folder):
-            strategy = type(self.strategy)
-            folder.write_config({**cfg.to_plain(), "strategy": f"{strategy.__module__}.{strategy.__qualname__}"})
-            folder.write_environment(cfg.seed, str(device), {})
-            clients = [{"partition_id": cid, "num_samples": info.num_samples,
-                        "label_histogram": list(info.label_histogram), "source": info.source}
-                       for cid, info in roster.clients.items()]
-            audit_size = 0 if self.audit is None else len(self.audit[1])
-            folder.write_partitions(clients, [f"class {c}" for c in range(cfg.num_classes)], audit_size)
-            refuse(cfg, folder, roster)
-            datasets = {"test": tuple(t.to(device) for t in self.test)}
-            if self.audit is not None:
-                datasets["audit"] = tuple(t.to(device) for t in self.audit)
-            train_config = ConfigRecord({**(train_config or {}), CONFIG_KEY: cfg.to_json()})
-            diagnostics = [(spec, spec.build()) for spec in cfg.diagnostics]
-            run = RunContext(cfg, folder, self.model_builder().to(device), partial(self._build, device=device), device,
-                             cfg.num_classes, datasets, self.strategy, diagnostics, roster.node_ids, train_config, None)
-            protocol = self._protocol = RoundProtocol(self.strategy, cfg, roster.node_ids, diagnostics,
-                                                      partial(round_state, run), folder)
-            round_end = RoundEnd(run, protocol, ResumePoint(0, from_record(initial_arrays), {}))
-
-            def end_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                theirs = evaluate_fn(server_round, arrays) if evaluate_fn else None
-                ours = round_end(server_round, arrays)
-                return theirs if evaluate_fn else ours
-
-            result = protocol.start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, end_round)
-            folder.final_model(round_end.committed.global_arrays)
-        return result
+        datasets = {"test": tuple(t.to(device) for t in self.test)}
+        if self.audit is not None:
+            datasets["audit"] = tuple(t.to(device) for t in self.audit)
+        self._run = Run(RunInputs(
+            cfg, {**cfg.to_plain(), "strategy": strategy_record(self.strategy)}, self.strategy,
+            partial(self._build, device=device), device, cfg.num_classes,
+            [f"class {c}" for c in range(cfg.num_classes)], datasets, ConfigRecord({CONFIG_KEY: cfg.to_json()}),
+            output_root(cfg, self.out),
+        ))
+        return self._run.execute(grid, from_record(initial_arrays), train_config=train_config,
+                                 evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
 
     def _build(self, arrays: NamedArrays, device: torch.device) -> FedMechModel:
         return _holding(self.model_builder(), arrays, device)
 
     def _started(self) -> RoundProtocol:
-        if self._protocol is None:
+        if self._run is None or self._run.protocol is None:
             raise RuntimeError("WithDiagnostics runs through its start(grid, initial_arrays, ...); call that")
-        return self._protocol
+        return self._run.protocol
 
     # Flower's steps: the round protocol's, around the wrapped strategy.
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -239,6 +220,15 @@ class WithDiagnostics(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return self._started().aggregate_evaluate(server_round, replies)
+
+
+def strategy_record(strategy: Strategy) -> dict[str, Any]:
+    """What config.yaml records of a Flower strategy: its class and its settings (the
+    plain values among its public attributes, as its constructor stored them)."""
+    kind = type(strategy)
+    settings = {k: v for k, v in vars(strategy).items()
+                if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))}
+    return {"name": f"{kind.__module__}.{kind.__qualname__}", **settings}
 
 
 def _app_config(config: Mapping[str, Any] | FlowerAppConfig | str | Path, num_classes: int) -> FlowerAppConfig:
@@ -333,10 +323,9 @@ def _train_then_diagnose(train: Callable[[Message, Context], Message], node: _No
     pid, _ = node_partition(context, _PARTITION_NEEDED)
     (sent,), (trained,) = msg.content.array_records.values(), reply.content.array_records.values()
     x, y = node.data(context, device)
-    ctx = ClientContext(int(config["server-round"]), pid, node.model(context, sent, device),
-                        node.model(context, trained, device), x, y, cfg.num_classes, device, cfg.seed)
-    reply.content[REPORT_KEY] = ConfigRecord({"partition-id": pid, "details": "{}",
-                                              **encode_results(local_results(cfg.diagnostics, ctx))})
+    here = NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
+    reply.content[REPORT_KEY] = here.train_report(node.model(context, sent, device), node.model(context, trained, device),
+                                                  {})
     return reply
 
 
@@ -346,7 +335,5 @@ def _diagnose(node: _Node, msg: Message, context: Context) -> Message:
     device = resolve_device(cfg.device)
     pid, _ = node_partition(context, _PARTITION_NEEDED)
     x, y = node.data(context, device)
-    model = node.model(context, msg.content["arrays"], device)
-    ctx = GlobalContext(int(config["server-round"]), pid, model, x, y, cfg.num_classes, device, cfg.seed)
-    report = ConfigRecord({"partition-id": pid, **encode_results(global_results(cfg.diagnostics, ctx))})
-    return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
+    here = NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
+    return here.diagnose_reply(msg, node.model(context, msg.content["arrays"], device))

@@ -52,13 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr import plugins
+from fedmech_flwr import outputs, plugins
 from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, load_plugins, override, read_yaml
 from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.launch import launch, stop_all
-from fedmech_flwr.outputs import declarations, declared, latest, show
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     FolderLock,
@@ -69,6 +67,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
+from fedmech_flwr.tools.launch import launch, stop_all
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -399,22 +398,12 @@ def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str
 
 
 def headline(run_dir: Path) -> str:
-    """A finished cell's numbers for its progress line: the declared headline metrics of
-    its last records (the global model's accuracy, then each diagnostic's and the
-    strategy's), each with its flag (``global test accuracy 10.0% ⚑ one class``)."""
+    """A finished cell's numbers for its progress line (``outputs.headline``)."""
     try:
         records = read_records(run_dir)
     except (FileNotFoundError, ValueError):
         return ""
-    metrics = declared()
-    parts = []
-    for record, outputs in declarations().items():
-        for key in outputs.headline:
-            metric = metrics[f"{record}.{key}"]
-            if (found := latest(metric, records)) and isinstance(found[1], float):
-                _, value, flag = found
-                parts.append(f"{metric.label} {show(metric, value)}" + (f" ⚑ {flag}" if flag else ""))
-    return " | ".join(parts)
+    return " | ".join(outputs.headline(records))
 
 
 def _duration(seconds: float) -> str:

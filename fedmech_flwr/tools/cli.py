@@ -36,7 +36,6 @@ from fedmech_flwr.commands import COMMANDS
 from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import (
     APP_DIR,
@@ -49,6 +48,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
+from fedmech_flwr.tools.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.typed import describe_fields
 from fedmech_flwr.yaml_text import read_yaml_file
 
@@ -128,7 +128,7 @@ def _entry_text(kind: str, entry: Entry, width: int) -> str:
 
 def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict[str, str]]:
     """The validated config, a fresh run folder path and the run config ``flwr run`` gets."""
-    from fedmech_flwr.server import output_root
+    from fedmech_flwr.app.run import output_root
 
     cfg = _validate(args)
     root = output_root(cfg, args.out)
@@ -148,7 +148,7 @@ def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict
 
 def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     """The config and folder of the run ``--resume`` names; refuse another config."""
-    from fedmech_flwr.server import resume_config
+    from fedmech_flwr.app.run import resume_config
 
     cfg = resume_config(args.resume)
     run_dir = Path(args.resume).expanduser().resolve()
@@ -261,7 +261,7 @@ NEW_KINDS = ("strategy", "client", "diagnostic", "model")
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from fedmech_flwr.scaffold import write_plugin
+    from fedmech_flwr.tools.scaffold import write_plugin
 
     files = write_plugin(args.kind, args.name, args.dir.resolve())
     folder = files[0].parent
@@ -274,7 +274,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Redraw a run's plots with its recorded plug-ins imported; exit 1 when one of them
     cannot be (its plots are skipped, the rest drawn)."""
     from fedmech_flwr.plotting import plot_run
-    from fedmech_flwr.report import Run, import_plugins
+    from fedmech_flwr.tools.report import Run, import_plugins
 
     run_dir = Path(args.run_dir)
     config = run_dir / CONFIG_FILE  # without one, plot_run says what is wrong
@@ -291,7 +291,7 @@ PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from fedmech_flwr.report import write_report
+    from fedmech_flwr.tools.report import write_report
 
     print(f"Report: {write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin)}")
     return EXIT_OK
@@ -316,7 +316,7 @@ def _only(items: list[str]) -> dict[str, list[str]]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedmech_flwr.files import check_writable
-    from fedmech_flwr.sweep import check_fits, load_sweep, run_sweep
+    from fedmech_flwr.tools.sweep import check_fits, load_sweep, run_sweep
 
     plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
     folder = plan.folder(args.out)
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     # stop the SuperLink, SuperNodes and simulation they started instead of leaving them behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("fedmech_flwr.launch").setLevel(logging.INFO)  # what it started, and where
+    logging.getLogger("fedmech_flwr.tools.launch").setLevel(logging.INFO)  # what it started, and where
     try:
         parser = build_parser()  # it loads the plug-ins: a broken entry point stops every command
     except ConfigError as err:

@@ -9,29 +9,17 @@ its own config; the other keys are then ignored). ``fedmech run`` fills them in.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app.run import resume_config, run_experiment, show_logs
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import APP_DIR
-from fedmech_flwr.server import resume_config, run_experiment
 
 app = ServerApp()
-
-
-def show_logs() -> None:
-    """Send the INFO logs of the core and the plug-ins to the console Flower streams."""
-    for name in ("fedmech_flwr", *plugins.PLUGIN_PACKAGES):
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("fedmech %(levelname)s: %(message)s"))
-            logger.addHandler(handler)
-            logger.setLevel(logging.INFO)
 
 
 @app.main()

@@ -6,7 +6,7 @@ the mean ± 95% confidence interval (Student t over seeds, n shown) of every dec
 each run's final round, with the flags of its validity rule: the declared skew figure
 first, each group's protocol beside the paper's, per-round curves with seed bands,
 per-class recall heatmaps, a strategy leaderboard (when strategies or clients vary),
-published values held against the groups they describe (``fedmech_flwr.published``), and
+published values held against the groups they describe (``fedmech_flwr.tools.published``), and
 where every run came from. Each run's recorded ``plugins:`` are imported first. Only
 completed runs enter the statistics; running, failed and pending runs are listed with their
 status and error.
@@ -43,6 +43,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.config import differing_keys, flatten_plain, load_plugins
 from fedmech_flwr.errors import BadFileError, ConfigError
 from fedmech_flwr.files import write_text_atomic
+from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, records_of
 from fedmech_flwr.plotting import LevelPanel, band_plot, heatmap, level_plot
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
@@ -52,10 +53,9 @@ from fedmech_flwr.run_folder import (
     read_status,
     writer_gone,
 )
-from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, records_of
-from fedmech_flwr.published import PaperValue, PaperValues, Verdict, read_paper_values, verdict
 from fedmech_flwr.stats import difference_ci, mean_ci
-from fedmech_flwr.sweep import MANIFEST_FILE, lock_holder
+from fedmech_flwr.tools.published import PaperValue, PaperValues, Verdict, read_paper_values, verdict
+from fedmech_flwr.tools.sweep import MANIFEST_FILE, lock_holder
 from fedmech_flwr.yaml_text import read_yaml_file
 
 log = logging.getLogger(__name__)
@@ -760,7 +760,7 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
         rows.append(row)
     header = ["metric", "group", "paper", "ours (mean ± 95% CI)", "direction or bound checked", "result"]
     header += ["ours − paper (same protocol only)"] if points else []
-    blocks: list[str | list[str] | Table | Image] = [
+    blocks: list[str | list[str] | Table | Image] = [] if not rows else [
         "A published value sits next to every group that measured its metric and whose config has all the values "
         "in its `where`. Where the group's protocol differs from the paper's (see Protocol), only the value's "
         "direction is checked, never a difference in points: it holds when the whole 95% interval lies on its "
@@ -811,6 +811,13 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
         means = [s.mean for g in cells[row].values() if (s := g.stats.get("eval.accuracy")) and s.mean is not None]
         return float(np.mean(means)) if means else -math.inf
 
+    def score_text(row: str) -> str:
+        """The row's mean, flagged when a value behind it is."""
+        if score(row) == -math.inf:
+            return "–"
+        flagged = any((s := g.stats.get("eval.accuracy")) and s.flags for g in cells[row].values())
+        return f"{score(row):.1f}" + (" ⚑" if flagged else "")
+
     rows = []
     for row in sorted(cells, key=lambda r: (-score(r), r)):
         texts = []
@@ -821,10 +828,11 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
                 if key in g.stats:
                     text += f"; {metrics[key].label} {format_stat(metrics[key], g.stats[key])}"
             texts.append(text)
-        rows.append([row, *texts, "–" if score(row) == -math.inf else f"{score(row):.1f}"])
+        rows.append([row, *texts, score_text(row)])
     return Section("Strategy leaderboard", [
         "Final global test accuracy (%) and, where measured, each diagnostic's and the strategy's headline "
-        "metrics, mean ± 95% CI over seeds; rows sorted by the mean accuracy over columns.",
+        "metrics, mean ± 95% CI over seeds; rows sorted by the mean accuracy over columns (⚑: a value behind "
+        "it is flagged).",
         Table(["strategy + client", *columns, "mean over columns (%)"], rows)])
 
 

@@ -21,7 +21,7 @@ the due client-side diagnostics, and replies with:
   must not be averaged: per-class accuracy, per-layer sparsity) and the client-side
   diagnostic results (see ``hooks.encode_results``).
 
-``query.diagnose`` messages (sent by the round protocol after aggregation) carry the new
+``query.diagnose`` messages (sent by the run's round end after aggregation) carry the new
 aggregate; the ClientApp runs the due diagnostics' ``client_side_global`` on it with the
 client's data and replies with a ``report``.
 
@@ -43,21 +43,21 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app.client_side import NodeRound
+from fedmech_flwr.app.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
 from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
-from fedmech_flwr.config import Component, DiagnosticSpec, ExperimentConfig, experiment_from_json
+from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
-from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
-from fedmech_flwr.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
-from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY
+from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
 
 log = logging.getLogger(__name__)
 
-_CORE_QUERIES = ("", "default", DIAGNOSE_ACTION)
-"""The query actions the core answers itself: identify (a plain ``query``) and diagnose."""
+_CORE_QUERIES = (IDENTIFY_ACTION, DIAGNOSE_ACTION)
+"""The query actions the core answers itself."""
 
 
 class _ClientApp(ClientApp):
@@ -202,28 +202,7 @@ def _setup(msg: Message, context: Context):
     return cfg, server_round, pid, device, data, new_model(cfg, bundle, device)
 
 
-def local_results(diagnostics: list[DiagnosticSpec], ctx: ClientContext) -> dict[str, dict[str, Any]]:
-    """The due diagnostics' ``client_side`` results after local training, by name."""
-    results = {}
-    for spec in diagnostics:
-        if spec.due(ctx.server_round) and (out := spec.build().client_side(ctx)):
-            results[spec.name] = out
-    return results
-
-
-def global_results(diagnostics: list[DiagnosticSpec], ctx: GlobalContext) -> dict[str, dict[str, Any]]:
-    """The due diagnostics' ``client_side_global`` results on the new aggregate, by name."""
-    results = {}
-    for spec in diagnostics:
-        if not spec.due(ctx.server_round):
-            continue
-        diagnostic = spec.build()
-        if diagnostic.needs_global_pass() and (out := diagnostic.client_side_global(ctx)):
-            results[spec.name] = out
-    return results
-
-
-@app.query()
+@app.query(IDENTIFY_ACTION)
 def identify(msg: Message, context: Context) -> Message:
     """Tell the server who this node is: the partition it holds, or, for a node with its
     own data, its key and that data's label histogram and sample count (nothing more
@@ -256,13 +235,11 @@ def train(msg: Message, context: Context) -> Message:
     if data.x_val is not None:  # a node's own validation split: its numbers are the node's alone, never averaged
         val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
-    ctx = ClientContext(server_round, pid, global_model.eval(), model.eval(), data.x, data.y, data.num_classes, device,
-                        cfg.seed)
-    results = local_results(cfg.diagnostics, ctx)
+    node = NodeRound(cfg.diagnostics, server_round, pid, data.x, data.y, data.num_classes, device, cfg.seed)
     content = RecordDict({
         "arrays": to_record(dict(zip(model.state_dict(), new_params))),
         "metrics": MetricRecord({"num-examples": int(num_examples), **numeric}),
-        REPORT_KEY: ConfigRecord({"partition-id": pid, "details": json.dumps(details), **encode_results(results)}),
+        REPORT_KEY: node.train_report(global_model.eval(), model.eval(), details),
     })
     return Message(content, reply_to=msg)
 
@@ -271,9 +248,8 @@ def train(msg: Message, context: Context) -> Message:
 def diagnose(msg: Message, context: Context) -> Message:
     cfg, server_round, pid, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
-    ctx = GlobalContext(server_round, pid, model.eval(), data.x, data.y, data.num_classes, device, cfg.seed)
-    report = ConfigRecord({"partition-id": pid, **encode_results(global_results(cfg.diagnostics, ctx))})
-    return Message(RecordDict({REPORT_KEY: report}), reply_to=msg)
+    node = NodeRound(cfg.diagnostics, server_round, pid, data.x, data.y, data.num_classes, device, cfg.seed)
+    return node.diagnose_reply(msg, model.eval())
 
 
 def client_query(msg: Message, context: Context) -> Message:

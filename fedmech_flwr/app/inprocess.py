@@ -26,9 +26,9 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedmech_flwr.app.run import resume_config, run_experiment
 from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.server import resume_config, run_experiment
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,6 @@ def resume_in_process(run_dir: str | Path, client_app: ClientApp | None = None) 
 
 def _grid(cfg: ExperimentConfig, client_app: ClientApp | None,
           node_configs: list[dict[str, Any]] | None = None) -> InProcessGrid:
-    from fedmech_flwr.client_app import app as default_client_app
+    from fedmech_flwr.app.client_app import app as default_client_app
 
     return InProcessGrid(client_app or default_client_app, cfg.federation.num_clients, node_configs=node_configs)

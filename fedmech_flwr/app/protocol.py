@@ -14,15 +14,14 @@
   within ``round_timeout_s`` or sends NaN/Inf weights (dropped before aggregation, so
   the global model is never poisoned);
 - the mask policy after aggregation (optional server-side re-pruning);
-- the per-client record of every round (FedAvg only keeps averaged metrics);
-- the diagnostics hook (``run_diagnostics``, called by the server's round end): every
-  due diagnostic sees the round's models and data;
+- the per-client record of every round (FedAvg only keeps averaged metrics), and the
+  round's book-keeping (``RoundSummary``: who was sampled and succeeded, the model sent
+  and the updates received) that the run's round end (``fedmech_flwr.app.run``) reads;
 - resuming a killed run: Flower's ``Strategy.start`` always counts rounds from 1, so a
   run resumed after round r runs the remaining rounds with every round number shifted
-  by r (``resume_after``), and restores what ``Resumable`` strategies and diagnostics
-  saved.
+  by r (``resume_after``).
 
-So every strategy, built-in or user-written, gets the same protocol and diagnostics.
+So every strategy, built-in or user-written, gets the same protocol.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
 
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
@@ -40,11 +38,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
-from fedmech_flwr.config import DiagnosticSpec, ExperimentConfig, FlowerAppConfig
-from fedmech_flwr.hooks import ClientUpdate, Diagnostic, DiagnosticResult, RoundState, decode_results
+from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
+from fedmech_flwr.hooks import ClientUpdate, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line
 from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
+from fedmech_flwr.wire import IDENTIFY_ACTION, REPORT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +56,6 @@ RAISED_CODES = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRAS
 
 class ClientFailure(RuntimeError):
     """A client failed and the experiment's policy says the run must stop."""
-
-
-@runtime_checkable
-class Resumable(Protocol):
-    """A strategy or diagnostic that keeps state across rounds (server momentum, a
-    client's previous circuits). Without this a resumed run would start that state
-    afresh and drift from an uninterrupted one. ``state_arrays`` is saved with every
-    round's resume point; ``load_state_arrays`` gets it back when a killed run resumes."""
-
-    def state_arrays(self) -> NamedArrays: ...
-
-    def load_state_arrays(self, arrays: NamedArrays) -> None: ...
 
 
 def failure_reason(error: Error) -> str:
@@ -91,7 +77,7 @@ class NodeInfo:
     num_samples: int = 0
     label_histogram: tuple[int, ...] = ()
     """What the node reported of its data: an own-data node, or a shard of a user's own
-    Flower app (``fedmech_flwr.flower``); the server knows its own experiment's shards."""
+    Flower app (``fedmech_flwr.app.flower``); the server knows its own experiment's shards."""
 
 
 @dataclass
@@ -113,11 +99,10 @@ class Roster:
         return json.dumps({str(info.node_id): cid for cid, info in self.clients.items()})
 
 
-def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int,
-                   action: str = "") -> Roster:
+def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
     """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
-    which own-data nodes check their data against) and give each a client id. The query
-    is ``query.<action>``, a plain ``query`` without one.
+    which own-data nodes check their data against) with ``query.identify``, and give each
+    a client id.
 
     Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
     own-data nodes get the ids no shard node holds, in the order of their keys. A node
@@ -140,7 +125,7 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
             f"run with as many SuperNodes as clients (simulation: --federation-config "
             f"'num-supernodes={expected}') or set federation.num_clients={len(node_ids)}"
         )
-    kind = f"{MessageType.QUERY}.{action}" if action else MessageType.QUERY
+    kind = f"{MessageType.QUERY}.{IDENTIFY_ACTION}"
     queries = [Message(RecordDict({"config": config}), dst_node_id=n, message_type=kind) for n in node_ids]
     shards: dict[int, NodeInfo] = {}
     own: dict[str, NodeInfo] = {}
@@ -212,7 +197,7 @@ class _OfferedGrid(Grid):
 
 @dataclass
 class RoundSummary:
-    """Book-keeping of the current round, read by the server's evaluation step."""
+    """Book-keeping of the current round, read by the run's round end."""
 
     server_round: int = 0
     sampled: tuple[int, ...] = ()
@@ -220,6 +205,10 @@ class RoundSummary:
     started_at: float = 0.0
     train_seconds: float = 0.0
     """From sending the train messages to having every reply (transport + client work)."""
+    sent: NamedArrays = field(default_factory=dict)
+    """The global model the clients started this round from."""
+    updates: dict[int, ClientUpdate] = field(default_factory=dict)
+    """The usable updates, by client id (ascending)."""
 
 
 def client_update(reply: Message) -> ClientUpdate:
@@ -239,7 +228,7 @@ def client_update(reply: Message) -> ClientUpdate:
 
 
 class RoundProtocol(Strategy):
-    """Wrap ``strategy`` with fedmech's round protocol and diagnostics hook.
+    """Wrap ``strategy`` with fedmech's round protocol.
 
     Parameters
     ----------
@@ -252,12 +241,8 @@ class RoundProtocol(Strategy):
         (sampling, failure policy, seed; sent to the clients with the diagnose query).
     partitions : dict[int, int]
         ``{client_id: node_id}`` (``Roster.node_ids`` from :func:`discover_nodes`).
-    diagnostics : list[tuple[DiagnosticSpec, Diagnostic]]
-        The diagnostics to run after aggregation, each with its schedule.
-    make_state : callable
-        Builds the ``RoundState`` from (round, global arrays, previous arrays, clients).
     recorder : RunFolder
-        Where per-client records, failures and diagnostic results are written.
+        Where per-client records, failures and the strategy's metrics are written.
     post_aggregate : callable, optional
         Applied to the aggregated arrays before anything else sees them (mask policy).
     resume_after : int, optional
@@ -269,8 +254,6 @@ class RoundProtocol(Strategy):
         strategy: Strategy,
         cfg: ExperimentConfig | FlowerAppConfig,
         partitions: dict[int, int],
-        diagnostics: list[tuple[DiagnosticSpec, Diagnostic]],
-        make_state: Callable[[int, NamedArrays, NamedArrays, dict[int, ClientUpdate]], RoundState],
         recorder: RunFolder,
         post_aggregate: Callable[[NamedArrays], NamedArrays] | None = None,
         resume_after: int | None = None,
@@ -279,18 +262,12 @@ class RoundProtocol(Strategy):
         self.cfg = cfg
         self.partitions = partitions
         self.node_to_partition = {node: pid for pid, node in partitions.items()}
-        self.diagnostics = diagnostics
-        self.make_state = make_state
         self.recorder = recorder
         self.post_aggregate = post_aggregate
         self.resume_after = resume_after
         self.offset = resume_after or 0
         """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
-        self._sent_arrays: NamedArrays = {}
-        self._updates: dict[int, ClientUpdate] = {}
-        self._grid: Grid | None = None
-        self._train_config = ConfigRecord()
 
     def sample(self, server_round: int) -> list[int]:
         """Client ids trained in ``server_round`` (seeded by seed and round; sorted)."""
@@ -305,51 +282,10 @@ class RoundProtocol(Strategy):
         log.info("RoundProtocol around %s", type(self.strategy).__name__)
         self.strategy.summary()
 
-    def run(
-        self,
-        grid: Grid,
-        arrays: NamedArrays,
-        train_config: ConfigRecord,
-        end_round: Callable[[int, ArrayRecord], MetricRecord | None],
-    ) -> None:
-        """Flower's ``start`` for the rounds still to do, from ``arrays``.
-
-        Flower calls ``end_round`` (as its ``evaluate_fn``) after each round's aggregation
-        and before the first, with the experiment's round number; a resumed run skips
-        round 0 (it was recorded before the kill).
-        """
-
-        def shifted(server_round: int, record: ArrayRecord) -> MetricRecord | None:
-            if server_round == 0 and self.resume_after is not None:
-                return None
-            return end_round(server_round + self.offset, record)
-
-        fed = self.cfg.federation
-        self.start(grid, to_record(arrays), num_rounds=fed.num_rounds - self.offset, timeout=fed.round_timeout_s,
-                   train_config=train_config, evaluate_fn=shifted)
-
-    def _stateful(self) -> list[tuple[str, Resumable]]:
-        owners = [("strategy/", self.strategy)]
-        owners += [(f"diagnostic/{i}.{spec.name}/", diag) for i, (spec, diag) in enumerate(self.diagnostics)]
-        return [(prefix, owner) for prefix, owner in owners if isinstance(owner, Resumable)]
-
-    def state(self) -> NamedArrays:
-        """The ``Resumable`` strategy's and diagnostics' state, under ``strategy/`` and
-        ``diagnostic/<index>.<name>/``."""
-        return {f"{prefix}{k}": v for prefix, owner in self._stateful() for k, v in owner.state_arrays().items()}
-
-    def restore(self, state: NamedArrays) -> None:
-        """Give each ``Resumable`` strategy and diagnostic back what ``state`` saved."""
-        for prefix, owner in self._stateful():
-            owner.load_state_arrays({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         server_round += self.offset
         sampled = self.sample(server_round)
-        self.current = RoundSummary(server_round, tuple(sampled), (), time.perf_counter())
-        self._sent_arrays = from_record(arrays)
-        self._grid = grid
-        self._train_config = config
+        self.current = RoundSummary(server_round, tuple(sampled), started_at=time.perf_counter(), sent=from_record(arrays))
         offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
         messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
         # a strategy that samples itself (a user's own, fraction_train < 1) trains fewer
@@ -362,7 +298,7 @@ class RoundProtocol(Strategy):
         self.current.train_seconds = time.perf_counter() - self.current.started_at
         usable, failures = self._screen(replies)
         self._apply_failure_policy(server_round, failures, len(usable))
-        updates = self._updates = {u.partition_id: u for _, u in usable}
+        updates = self.current.updates = {u.partition_id: u for _, u in usable}
         self.current.succeeded = tuple(updates)
         for update in updates.values():
             self.recorder.client(server_round, update)
@@ -410,35 +346,6 @@ class RoundProtocol(Strategy):
             raise ClientFailure(
                 f"round {server_round}: only {num_usable} successful replies, federation.min_replies is {fed.min_replies}"
             )
-
-    def run_diagnostics(self, server_round: int, arrays: ArrayRecord) -> None:
-        """Run the diagnostics due in ``server_round`` on its global model ``arrays`` and
-        the updates its clients sent, and record their results."""
-        updates = self._updates
-        due = [(spec, diag) for spec, diag in self.diagnostics if spec.due(server_round)]
-        if not due:
-            return
-        if any(diag.needs_global_pass() for _, diag in due):
-            self._global_pass(server_round, arrays, updates)
-        global_arrays = from_record(arrays)
-        state = self.make_state(server_round, global_arrays, self._sent_arrays, updates)
-        for spec, diag in due:
-            start = time.perf_counter()
-            result: DiagnosticResult = diag.server_side(state)
-            self.recorder.diagnostic(server_round, spec.name, result, time.perf_counter() - start)
-
-    def _global_pass(self, server_round: int, arrays: ArrayRecord, updates: dict[int, ClientUpdate]) -> None:
-        """Send the new aggregate to this round's clients for ``client_side_global``."""
-        config = ConfigRecord({**self._train_config, CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
-        nodes = [self.partitions[pid] for pid in updates]
-        for reply in query_nodes(self._grid, nodes, DIAGNOSE_ACTION, arrays, config, self.cfg.federation.round_timeout_s):
-            pid = self.node_to_partition[reply.metadata.src_node_id]
-            if reply.has_error():
-                reason = f"diagnostic pass: {failure_reason(reply.error)}"
-                self.recorder.failure(server_round, pid, reason, "continue", reply.error.reason)
-                log.warning("round %d: client %d %s", server_round, pid, reason)
-                continue
-            updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])

@@ -12,7 +12,7 @@ die; if the folder still exists then (the parent died without cleaning up: SIGKI
 power cut of the CLI alone), it SIGKILLs every process of the launch and removes the
 folder. When the parent ends normally it removes the folder itself, and the reaper exits.
 
-    python -m fedmech_flwr.reaper OWNER_PID FOLDER
+    python -m fedmech_flwr.tools.reaper OWNER_PID FOLDER
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DELETED = " (deleted)"
 def start_reaper(folder: Path) -> subprocess.Popen:
     """Start the reaper of ``folder`` for this process (it carries no marker itself)."""
     env = {k: v for k, v in os.environ.items() if k != MARKER}
-    return subprocess.Popen([sys.executable, "-m", "fedmech_flwr.reaper", str(os.getpid()), str(folder)],
+    return subprocess.Popen([sys.executable, "-m", "fedmech_flwr.tools.reaper", str(os.getpid()), str(folder)],
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 

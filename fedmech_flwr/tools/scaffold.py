@@ -145,7 +145,7 @@ TESTS = {
 
 import numpy as np
 from fedmech_flwr.arrays import from_record
-from fedmech_flwr.inprocess import train_replies
+from fedmech_flwr.app.inprocess import train_replies
 from fedmech_flwr.strategy import STRATEGIES
 
 import $name  # noqa: F401  (registers it)

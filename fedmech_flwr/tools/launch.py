@@ -15,7 +15,7 @@ is off (it would ``uv sync`` a fresh environment over the installed torch). The 
 status is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed),
 and everything started here is stopped before returning, also on an exception or SIGTERM
 (which the CLI turns into one). If this process dies without unwinding (SIGKILL), a small
-reaper (``fedmech_flwr.reaper``) kills what it started and removes its private folder.
+reaper (``fedmech_flwr.tools.reaper``) kills what it started and removes its private folder.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import TextIO
 
 from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.reaper import MARKER, kill_launch, start_reaper
 from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive
+from fedmech_flwr.tools.reaper import MARKER, kill_launch, start_reaper
 
 log = logging.getLogger(__name__)
 

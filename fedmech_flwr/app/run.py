@@ -1,0 +1,441 @@
+"""One run, from roster to final model: the lifecycle ``fedmech run`` and ``WithDiagnostics`` share.
+
+Both front ends only prepare a ``RunInputs``: ``run_experiment`` (``fedmech run``'s
+ServerApp, and the in-process runner) from an experiment, and
+``fedmech_flwr.app.flower.WithDiagnostics`` from a user's own Flower app. ``Run`` does the
+rest, in this order:
+
+1. the folder: made (or, resuming, reopened and rewound to the round it last committed),
+   with config.yaml and environment.json;
+2. the roster: every node asked who it is (``query.identify``), partitions.json written,
+   refused nodes recorded and the failure policy applied;
+3. the rounds: Flower's loop through the round protocol around the strategy
+   (``fedmech_flwr.app.protocol``). Each round ends in ``Run.end_round``: the server's
+   evaluation, the divergence check, the due diagnostics (their client-side part through
+   ``query.diagnose``), the numbered checkpoint (every ``federation.checkpoint_every``
+   rounds), the resume point, and the console's round line;
+4. the end: the final model, the plots, and the status: completed, or failed with a
+   one-line reason.
+
+A global loss or model that is NaN/Inf stops the run before anything of its round is
+committed, so the folder keeps the last good model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedmech_flwr import plugins
+from fedmech_flwr.app.node_data import NodeDataSpec
+from fedmech_flwr.app.protocol import SHARD, ClientFailure, Roster, RoundProtocol, discover_nodes, failure_reason
+from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite, to_record
+from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
+from fedmech_flwr.errors import BadFileError
+from fedmech_flwr.experiment import (
+    audit_indices,
+    check_disjoint_from_test,
+    client_partitions,
+    load_data,
+    load_experiment,
+    model_builder,
+    new_model,
+)
+from fedmech_flwr.hooks import Resumable, RoundState, decode_results
+from fedmech_flwr.outputs import headline
+from fedmech_flwr.partition import label_histograms
+from fedmech_flwr.plotting import plot_run
+from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
+from fedmech_flwr.run_folder import CONFIG_FILE, STATE_FILE, ResumePoint, RunFolder
+from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.training import EvalResult, evaluate, resolve_device
+from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
+
+log = logging.getLogger(__name__)
+
+LabelledSet = tuple[torch.Tensor, torch.Tensor]
+"""Images ``[N, C, H, W]`` and integer labels ``[N]``."""
+Evaluate = Callable[[int, ArrayRecord], MetricRecord | None]
+"""Flower's ``evaluate_fn``: (round, global model) -> metrics."""
+
+
+class Diverged(RuntimeError):
+    """The global model's test loss or weights became NaN/Inf; the run stops."""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a front end prepares for a run; ``Run`` needs nothing else."""
+
+    cfg: ExperimentConfig | FlowerAppConfig
+    recorded_config: dict[str, Any]
+    """config.yaml: the resolved experiment, or a user's app's settings with its strategy."""
+    strategy: Strategy
+    build: Callable[[NamedArrays], torch.nn.Module]
+    """A fresh model holding given arrays, on ``device``, in eval mode."""
+    device: torch.device
+    num_classes: int
+    class_names: list[str]
+    datasets: dict[str, LabelledSet]
+    """``test``, and ``audit`` when there is one, on ``device``."""
+    identify: ConfigRecord
+    """What every node is sent when asked who it is, and with every train message: the
+    experiment, and what an own-data node's data must match."""
+    out_root: Path
+    run_dir: str | None = None
+    """An exact folder for a new run; with ``resume``, the killed run's folder."""
+    resume: bool = False
+    shards: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
+    """The server's own partition: client id -> (samples, label histogram). A client not
+    here is recorded as its node reported it."""
+    reprune: Callable[[NamedArrays], NamedArrays] | None = None
+    """The server's mask policy after aggregation (magnitude pruning back to the target)."""
+    run_config: dict[str, Any] = field(default_factory=dict)
+    """Flower's run config, recorded in environment.json."""
+
+
+def show_logs() -> None:
+    """Show the INFO logs of the core and the plug-ins on the console Flower streams (a
+    ServerApp, ``fedmech run``'s or a user's own, calls it first). Where a handler is
+    already in place (a test's log capture), the lines go there."""
+    for name in ("fedmech_flwr", *plugins.PLUGIN_PACKAGES):
+        logger = logging.getLogger(name)
+        if not logger.hasHandlers():
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("fedmech %(levelname)s: %(message)s"))
+            logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (``ru_maxrss`` is KiB on Linux).
+
+    Logged every round: with client sampling, the server holds only the sampled clients'
+    models, so this must not grow with ``federation.num_clients``.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Run:
+    """Owns one run from its roster to its final model (the module docstring's steps)."""
+
+    def __init__(self, inputs: RunInputs) -> None:
+        self.inputs = inputs
+        self.cfg = inputs.cfg
+        self.diagnostics = [(spec, spec.build()) for spec in inputs.cfg.diagnostics]
+        self.folder: RunFolder | None = None
+        """The run folder, once ``execute`` made or reopened it."""
+        self.protocol: RoundProtocol | None = None
+        """The round protocol around the strategy, once the roster is known."""
+        self.committed: ResumePoint | None = None
+        """The last round whose model and state were saved as the resume point."""
+        self._grid: Grid | None = None
+        self._train_config = ConfigRecord()
+
+    def execute(self, grid: Grid, initial: NamedArrays, *, train_config: ConfigRecord | None = None,
+                evaluate_config: ConfigRecord | None = None, evaluate_fn: Evaluate | None = None) -> Result:
+        """Run every round still to do from ``initial`` (or the resume point) on ``grid``;
+        return Flower's ``Result``. ``train_config``, ``evaluate_config`` and
+        ``evaluate_fn`` are a user's own Flower app's, passed on to Flower's loop (their
+        ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
+        inputs, fed = self.inputs, self.cfg.federation
+        folder = self.folder = self._open_folder()
+        with completing(folder):
+            point = self._resume_point(initial) if inputs.resume else None
+            if not inputs.resume:
+                folder.write_config(inputs.recorded_config)
+                folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
+            roster = discover_nodes(grid, fed.num_clients, fed.round_timeout_s, inputs.identify, inputs.num_classes)
+            folder.write_partitions(self._partition_entries(roster), inputs.class_names,
+                                    len(inputs.datasets["audit"][1]) if "audit" in inputs.datasets else 0)
+            refuse(self.cfg, folder, roster)
+            self._grid = grid
+            self._train_config = ConfigRecord({**(train_config or {}), **inputs.identify,
+                                               CLIENT_IDS_KEY: roster.ids_json()})
+            if point is not None:
+                self.restore(point.protocol_state)
+            self.committed = point or ResumePoint(0, initial, {})
+            self.protocol = RoundProtocol(inputs.strategy, self.cfg, roster.node_ids, folder, inputs.reprune,
+                                          resume_after=point.last_round if point else None)
+            result = self.protocol.start(
+                grid, to_record(self.committed.global_arrays), num_rounds=fed.num_rounds - self.committed.last_round,
+                timeout=fed.round_timeout_s, train_config=self._train_config, evaluate_config=evaluate_config,
+                evaluate_fn=partial(self._flower_round_end, evaluate_fn))
+            folder.final_model(self.committed.global_arrays)
+        return result
+
+    def _open_folder(self) -> RunFolder:
+        inputs = self.inputs
+        if inputs.resume:
+            folder = RunFolder.resume(inputs.run_dir)
+            folder.set_status("running")
+        else:
+            folder = RunFolder.create(inputs.out_root, self.cfg.name, inputs.run_dir)
+            log.info("Run folder: %s", folder.path)
+        return folder
+
+    def _resume_point(self, initial: NamedArrays) -> ResumePoint | None:
+        """The folder's resume point, checked against the model, with the folder rewound
+        to it; None when the run was killed before its first one."""
+        folder = self.folder
+        point = folder.load_state()
+        if point is not None:
+            try:
+                load_model_arrays(self.inputs.build(initial), point.global_arrays)
+            except ValueError as err:
+                raise BadFileError(
+                    f"{folder.path / STATE_FILE} does not fit the model of {folder.path / CONFIG_FILE} ({err}); "
+                    "it was not written by this run: delete it to restart this run from round 0"
+                ) from err
+        folder.rewind(point.last_round if point else None)
+        log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
+        return point
+
+    def _partition_entries(self, roster: Roster) -> list[dict[str, Any]]:
+        """partitions.json's client entries: a shard's count and histogram from the
+        server's partition where it has one, else as the node reported them."""
+        entries = []
+        for cid, info in roster.clients.items():
+            num, hist = self.inputs.shards.get(cid) if info.source == SHARD and cid in self.inputs.shards \
+                else (info.num_samples, list(info.label_histogram))
+            entry = {"partition_id": cid, "num_samples": num, "label_histogram": hist}
+            entries.append({**entry, **({"node": info.name} if info.name else {}), "source": info.source})
+        return entries
+
+    # --- resumable state -------------------------------------------------------------------
+
+    def _stateful(self) -> list[tuple[str, Resumable]]:
+        owners = [("strategy/", self.inputs.strategy)]
+        owners += [(f"diagnostic/{i}.{spec.name}/", diag) for i, (spec, diag) in enumerate(self.diagnostics)]
+        return [(prefix, owner) for prefix, owner in owners if isinstance(owner, Resumable)]
+
+    def state(self) -> NamedArrays:
+        """The ``Resumable`` strategy's and diagnostics' state, under ``strategy/`` and
+        ``diagnostic/<index>.<name>/``."""
+        return {f"{prefix}{k}": v for prefix, owner in self._stateful() for k, v in owner.state_arrays().items()}
+
+    def restore(self, state: NamedArrays) -> None:
+        """Give each ``Resumable`` strategy and diagnostic back what ``state`` saved."""
+        for prefix, owner in self._stateful():
+            owner.load_state_arrays({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+    # --- a round's end -----------------------------------------------------------------------
+
+    def _flower_round_end(self, theirs: Evaluate | None, flower_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Flower's ``evaluate_fn``: the round's end, with the experiment's round number
+        (Flower counts a resumed run's rounds from 1 again; its round 0 was recorded
+        before the kill)."""
+        if flower_round == 0 and self.protocol.resume_after is not None:
+            return None
+        server_round = flower_round + self.protocol.offset
+        their_metrics = theirs(server_round, arrays) if theirs else None
+        ours = self.end_round(server_round, arrays)
+        return their_metrics if theirs else ours
+
+    def end_round(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Evaluation, divergence check, diagnostics, checkpoint, commit, round line (round
+        0: the initial model, evaluated and committed; no diagnostics)."""
+        fed, folder = self.cfg.federation, self.folder
+        named = from_record(arrays)
+        res, sparsity = self._evaluate(server_round, named)
+        _check_finite(server_round, res.loss, named, self.committed.last_round, folder)
+        if server_round > 0:
+            self._diagnose(server_round, arrays, named)
+        state = self.state()
+        if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
+            folder.checkpoint(server_round, named, state)
+        self.committed = ResumePoint(server_round, named, state)
+        folder.save_state(self.committed)
+        self._log(server_round, res, sparsity)
+        return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
+
+    def _evaluate(self, server_round: int, named: NamedArrays) -> tuple[EvalResult, float]:
+        """Test the global model and write the round's eval record; return the result and
+        the model's overall sparsity."""
+        inputs, summary = self.inputs, self.protocol.current
+        model = inputs.build(named)
+        x_test, y_test = inputs.datasets["test"]
+        res = evaluate(model, x_test, y_test, inputs.num_classes, self.cfg.eval_batch_size)
+        sparsity = overall_sparsity(model, include_head=self.cfg.pruning.include_head)
+        self.folder.eval(server_round, {
+            "loss": res.loss, "accuracy": res.accuracy, "per_class_accuracy": res.per_class_accuracy,
+            "max_predicted_class": res.max_predicted_class, "max_predicted_fraction": res.max_predicted_fraction,
+            "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
+            "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
+            "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
+        })
+        return res, sparsity
+
+    def _diagnose(self, server_round: int, arrays: ArrayRecord, named: NamedArrays) -> None:
+        """Run the diagnostics due in ``server_round`` on its global model and the updates
+        its clients sent, and record their results."""
+        due = [(spec, diag) for spec, diag in self.diagnostics if spec.due(server_round)]
+        if not due:
+            return
+        inputs, summary = self.inputs, self.protocol.current
+        if any(diag.needs_global_pass() for _, diag in due):
+            self._global_pass(server_round, arrays)
+        state = RoundState(server_round, named, summary.sent, summary.updates, inputs.datasets, inputs.num_classes,
+                           inputs.build, inputs.device, self.cfg.seed)
+        for spec, diag in due:
+            start = time.perf_counter()
+            result = diag.server_side(state)
+            self.folder.diagnostic(server_round, spec.name, result, time.perf_counter() - start)
+
+    def _global_pass(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Send the new aggregate to this round's clients for ``client_side_global``."""
+        updates, protocol = self.protocol.current.updates, self.protocol
+        config = ConfigRecord({**self._train_config, CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
+        nodes = [protocol.partitions[pid] for pid in updates]
+        for reply in query_nodes(self._grid, nodes, DIAGNOSE_ACTION, arrays, config, self.cfg.federation.round_timeout_s):
+            pid = protocol.node_to_partition[reply.metadata.src_node_id]
+            if reply.has_error():
+                reason = f"diagnostic pass: {failure_reason(reply.error)}"
+                self.folder.failure(server_round, pid, reason, "continue", reply.error.reason)
+                log.warning("round %d: client %d %s", server_round, pid, reason)
+                continue
+            updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
+
+    def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
+        """The console's round line: the round's declared headline metrics with their
+        flags, then the global model's loss and sparsity, the clients that replied, and
+        the time."""
+        summary = self.protocol.current
+        seconds = time.perf_counter() - summary.started_at if server_round else 0.0
+        log.info("round %d/%d | %s | loss %.4f | sparsity %.2f%% | clients %d/%d | %.1fs", server_round,
+                 self.cfg.federation.num_rounds, " | ".join(headline(self.folder.recent)), res.loss, 100 * sparsity,
+                 len(summary.succeeded), len(summary.sampled), seconds)
+
+
+@contextmanager
+def completing(folder: RunFolder) -> Iterator[None]:
+    """End ``folder`` as completed, with its plots, when the block ends; as failed, with a
+    one-line reason (and the plots of the rounds it finished), when the block, the final
+    plots or the status write raise. Only a process that dies before it can write the
+    status leaves it "running" (readers then see a dead writer: interrupted)."""
+    try:
+        yield
+    except BaseException as err:
+        _fail(folder, err)
+        try:
+            plot_run(folder.path)
+        except Exception as plot_err:  # never hide the run's own error behind a plotting one
+            log.warning("could not plot the failed run: %s", plot_err)
+        raise
+    try:
+        plot_run(folder.path)
+        folder.set_status("completed")
+    except BaseException as err:
+        _fail(folder, err, "after the last round, drawing the final plots or writing the status: ")
+        raise
+    log.info("Run completed: %s", folder.path)
+
+
+def _fail(folder: RunFolder, err: BaseException, context: str = "") -> None:
+    """Mark ``folder`` failed with ``err`` as one line; if even that cannot be written (a
+    full disk), say so in the log: the status then reads as interrupted."""
+    text = str(err).strip()
+    reason = f"{context}{type(err).__name__}" + (f": {text.splitlines()[0]}" if text else "")
+    try:
+        folder.set_status("failed", reason)
+    except OSError as status_err:
+        log.error("could not record the failure in %s (%s): %s", folder.path, status_err, err)
+
+
+def refuse(cfg: ExperimentConfig | FlowerAppConfig, folder: RunFolder, roster: Roster) -> None:
+    """Record the nodes refused at discovery (round 0) and apply the failure policy."""
+    fed = cfg.federation
+    for node, reason, details in roster.refused:
+        folder.failure(0, None, reason, fed.on_client_failure, details, node=node)
+        log.warning("node %d was refused before the first round: %s", node, reason)
+    if roster.refused and fed.on_client_failure == "fail":
+        node, reason, _ = roster.refused[0]
+        raise ClientFailure(f"node {node} was refused before the first round ({reason}); "
+                            "federation.on_client_failure is 'fail' (set it to 'continue' to run without it)")
+    if len(roster.clients) < fed.min_replies:
+        raise ClientFailure(f"only {len(roster.clients)} node(s) were accepted, federation.min_replies is "
+                            f"{fed.min_replies}")
+
+
+def _check_finite(server_round: int, loss: float, arrays: NamedArrays, last_good: int, folder: RunFolder) -> None:
+    """Stop a run whose global model diverged, before its state replaces the last good one."""
+    bad = non_finite(arrays)
+    if math.isfinite(loss) and not bad:
+        return
+    what = f"non-finite weights in {', '.join(bad[:5])}" if bad else f"test loss {loss}"
+    raise Diverged(
+        f"round {server_round}: the global model diverged ({what}); the run stopped. "
+        f"The last good model is round {last_good}'s, in {folder.path / STATE_FILE} "
+        f"(and {folder.path / 'checkpoints'}); lower train.lr or check the clients' data, then start a new run"
+    )
+
+
+# --- fedmech run's front end ---------------------------------------------------------------
+
+def output_root(cfg: ExperimentConfig | FlowerAppConfig, out: str | None = None) -> Path:
+    """``--out`` beats ``FEDMECH_OUT`` beats the config's ``output_root``."""
+    return Path(out or os.environ.get("FEDMECH_OUT") or cfg.output_root).expanduser().resolve()
+
+
+def resume_config(run_dir: str | Path) -> ExperimentConfig:
+    """The resolved config saved in a run folder that can be resumed (else a clear error)."""
+    return load_experiment(RunFolder.resume(run_dir).path / CONFIG_FILE)
+
+
+def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None, run_dir: str | None = None,
+                   run_config: dict[str, Any] | None = None, resume: bool = False) -> Path:
+    """Run ``cfg`` on ``grid``; return the run folder. Bad input fails before it exists.
+
+    With ``resume``, ``run_dir`` is a killed run's folder (and ``cfg`` its config): the run
+    continues there from the last round the folder committed.
+    """
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    device = resolve_device(cfg.device)
+    bundle = load_data(cfg)
+    parts = client_partitions(cfg, bundle)
+    audit = torch.from_numpy(audit_indices(cfg, bundle))
+    audit_x = bundle.x_train[audit]
+    check_disjoint_from_test(audit_x, bundle.x_test)
+    initial = model_arrays(new_model(cfg, bundle, device))
+    build = model_builder(cfg, bundle, device)
+    datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
+    if len(audit):
+        datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
+    context = StrategyContext(bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
+                              initial, build, datasets.get("audit"))
+    hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes).astype(int)
+    pruning = cfg.pruning
+    inputs = RunInputs(
+        cfg, cfg.to_plain(), STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context), build, device,
+        bundle.num_classes, list(bundle.class_names), datasets,
+        identify=ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()}),
+        out_root=output_root(cfg, out), run_dir=run_dir, resume=resume,
+        shards={cid: (len(part), hist[cid].tolist()) for cid, part in enumerate(parts)},
+        reprune=partial(_reprune, cfg, build) if pruning.mode == "magnitude" and pruning.server_reprune else None,
+        run_config=run_config or {},
+    )
+    run = Run(inputs)
+    run.execute(grid, initial)
+    return run.folder.path
+
+
+def _reprune(cfg: ExperimentConfig, build: Callable[[NamedArrays], torch.nn.Module], arrays: NamedArrays) -> NamedArrays:
+    """The aggregate pruned back to the target sparsity (the server's mask policy)."""
+    model = build(arrays)
+    prune_to(model, cfg.pruning.target_sparsity, cfg.pruning)
+    return model_arrays(model)
