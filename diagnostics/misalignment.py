@@ -131,7 +131,7 @@ def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: 
 
 
 def _head(label: str, key: str) -> Metric:
-    return Metric(label, (key, "accuracy"), "%", better="higher", flag=one_class((key,)))
+    return Metric(label, (key, "accuracy"), "%", better="higher", per_class=(key, "per_class"), flag=one_class((key,)))
 
 
 OUTPUTS = Outputs(
@@ -140,9 +140,10 @@ OUTPUTS = Outputs(
      "realigned": _head("realigned (val-selected)", "realigned"),
      "realigned_test_selected": _head("realigned (test-selected)", "realigned_test_selected"),
      "ncm": _head("NCM", "ncm"), "ccvr": _head("CCVR", "ccvr"), "tau_norm": _head("tau-norm", "tau_norm"),
-     "gaps.probe": Metric("probe − global", ("gaps", "probe"), "pp", flag=one_class(("global",), ("probe",))),
+     "gaps.probe": Metric("probe − global", ("gaps", "probe"), "pp", per_class=("per_class_gaps", "probe"),
+                          flag=one_class(("global",), ("probe",))),
      "gaps.realigned": Metric("realigned − global", ("gaps", "realigned"), "pp",
-                              flag=one_class(("global",), ("realigned",)))},
+                              per_class=("per_class_gaps", "realigned"), flag=one_class(("global",), ("realigned",)))},
     curves=("gaps.probe",), headline=("probe", "gaps.probe"), by_skew=("global", "probe", "realigned"))
 """Every head's accuracy (one-class heads flagged) and the gaps the paper's claim is about."""
 

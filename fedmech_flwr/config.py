@@ -198,6 +198,8 @@ class ExperimentConfig:
     output_root: str = "~/fedmech-runs"
     """Where run folders go: absolute or ``~/...`` (the ServerApp's working directory is
     the SuperLink's, not your project). ``--out`` or ``FEDMECH_OUT`` override it."""
+    tensorboard: bool = True
+    """Write TensorBoard event files of every declared metric into the run folder."""
     eval_batch_size: int = field(default=1000, metadata={"ge": 1})
     pruning: PruningConfig = field(default_factory=PruningConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -226,6 +228,8 @@ class FlowerAppConfig:
     """Seeds the round protocol's and the diagnostics' random streams (``seeds.seed_for``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_root: str = "~/fedmech-runs"
+    tensorboard: bool = True
+    """Write TensorBoard event files of every declared metric into the run folder."""
     eval_batch_size: int = field(default=1000, metadata={"ge": 1})
     include_head: bool = False
     """Count the classifier head in the eval record's ``sparsity``."""

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import reprlib
+import sys
+import sysconfig
+from collections.abc import Iterable
+from pathlib import Path
+
+TRACEBACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+"""A frame of a traceback as text (a client's error, which Flower forwards as a string)."""
 
 
 class ConfigError(ValueError):
@@ -42,3 +50,28 @@ def brief(value: object) -> str:
     """A repr of a value for an error message, bounded in length and depth whatever the
     value (a list that aliases expand to millions of items prints as a few)."""
     return _BRIEF.repr(value)
+
+
+def raised_where(frames: Iterable[tuple[str, int]]) -> str | None:
+    """``module (file:line)`` of the innermost of ``frames`` ((file, line), outermost
+    first) that is neither the core's nor a library's: where a plug-in or the user's own
+    code raised; None when there is no such frame."""
+    libraries = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    core = Path(__file__).resolve().parent
+    for file, line in reversed(list(frames)):
+        path = Path(file).resolve()
+        if path.is_file() and not path.is_relative_to(core) and not any(path.is_relative_to(p) for p in libraries):
+            return f"{_module_name(path)} ({file}:{line})"
+    return None
+
+
+def _module_name(path: Path) -> str:
+    """The dotted name ``path`` is imported by, from the deepest ``sys.path`` entry holding it."""
+    roots = [Path(entry or ".").resolve() for entry in sys.path]
+    root = max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=None)
+    return ".".join(path.relative_to(root).with_suffix("").parts) if root else path.stem
+
+
+def raised_where_in_text(traceback_text: str) -> str | None:
+    """``raised_where`` of a traceback given as text."""
+    return raised_where((file, int(line)) for file, line in TRACEBACK_FRAME.findall(traceback_text))

@@ -1,7 +1,7 @@
 """What a run records, declared by whoever records it.
 
-Each metric has its key path in the record, a label, a unit, which direction is better and
-a validity rule (``flag``): when its value must not be read as a measurement (a one-class
+Each metric has its key path in the record, a label, a unit (which fixes its scale), which
+direction is better, where its per-class values are, and a validity rule (``flag``): when its value must not be read as a measurement (a one-class
 predictor, ``one_class`` here; a diagnostic's own, such as mostly empty circuits or a USAE
 that did not fit, in its package). Every output that shows a metric (the report's tables,
 curves, skew figure and published-value checks, the sweep's progress line) reads these
@@ -47,6 +47,9 @@ class Metric:
     """Keys to the count of empty circuits, shown next to an IoU."""
     per: tuple[str, ...] | None = None
     """Keys to a denominator: the value is ``path / per`` (e.g. shared concepts / dictionary size)."""
+    per_class: tuple[str, ...] | None = None
+    """Keys to the metric's per-class values (a list in class order, null where undefined);
+    the report draws them per class for the accuracy and the headline metrics."""
     flag: Flag | None = None
     """The validity rule: a record's flag (e.g. "one class") when the value must not be read
     as a measurement; a flagged value is marked wherever shown and satisfies no bound."""
@@ -98,6 +101,16 @@ def lookup(record: dict[str, Any], path: tuple[str, ...]) -> Any:
     return float(value) if ok else None
 
 
+def per_class_values(metric: Metric, record: dict[str, Any]) -> list[float] | None:
+    """A record's per-class values of ``metric`` (null as NaN); None where it has none."""
+    value: Any = record
+    for key in metric.per_class or ():
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return [math.nan if v is None else float(v) for v in value] if metric.per_class and isinstance(value, list) else None
+
+
 def records_of(records: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """The records a declaration's metrics are read from: of kind ``source`` (``eval``,
     ``strategy``), or a diagnostic's named ``source``."""
@@ -147,6 +160,14 @@ def headline(records: list[dict[str, Any]]) -> list[str]:
     return parts
 
 
+def duration(seconds: float) -> str:
+    """A wall time as a reader reads it: ``42s``, ``4m10s``, ``2h05m``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def one_class(*heads: tuple[str, ...]) -> Flag:
     """Flag a value that rests on a one-class predictor: any of ``heads`` (paths to scores
     with ``max_predicted_fraction``) predicts one class for more than ``DEGENERATE_FRACTION``
@@ -158,7 +179,8 @@ def one_class(*heads: tuple[str, ...]) -> Flag:
 
 
 EVAL = Outputs("Global model", {
-    "accuracy": Metric("global test accuracy", ("accuracy",), "%", better="higher", flag=one_class(())),
+    "accuracy": Metric("global test accuracy", ("accuracy",), "%", better="higher", per_class=("per_class_accuracy",),
+                       flag=one_class(())),
     "sparsity": Metric("actual sparsity", ("sparsity",), "%", 2),
 }, curves=("accuracy",), headline=("accuracy",))
 """The global model's test, every round (the core's ``eval`` record)."""

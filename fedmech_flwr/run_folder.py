@@ -485,12 +485,15 @@ class RunFolder:
             path.unlink()
         log.info("rewound %s to round %s: removed %d later file(s)", self.path, last_round, len(later))
 
-    def set_status(self, status: str, error: str | None = None) -> None:
-        """Replace status.json; it names this process, so a resume can tell a live writer."""
+    def set_status(self, status: str, error: str | None = None, resumable: bool | None = None) -> None:
+        """Replace status.json; it names this process, so a resume can tell a live writer.
+        A failure says why in one line (``error``) and whether resuming can help."""
         payload = {"status": status, "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                    "pid": os.getpid(), "host": socket.gethostname()}
         if error:
             payload["error"] = error
+        if resumable is not None:
+            payload["resumable"] = resumable
         write_text_atomic(self.path / STATUS_FILE, json.dumps(payload, indent=1))
 
 
@@ -509,7 +512,7 @@ def settle_status(run_dir: str | Path, flower_status: str) -> dict[str, Any]:
     if writer_gone(status):
         reason = f"the ServerApp ended without recording an outcome (Flower: {flower_status}); see its log"
         try:
-            RunFolder(Path(run_dir)).set_status("failed", reason)
+            RunFolder(Path(run_dir)).set_status("failed", reason, resumable=True)
         except OSError as err:
             log.error("could not mark %s failed: %s", run_dir, err)
         status = read_status(run_dir)

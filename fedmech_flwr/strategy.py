@@ -9,7 +9,7 @@ that keeps state across rounds (server momentum, control variates) implements
 
 A strategy with a client side registers its query handlers in ``CLIENT_QUERIES``, as a
 diagnostic overrides ``client_side``: ``handler(QueryContext) -> RecordDict``. The strategy
-sends ``query.<name>`` with :func:`fedmech_flwr.app.protocol.query_nodes`: arrays, and a
+sends ``query.<name>`` with :func:`fedmech_flwr.wire.query_nodes`: arrays, and a
 config record holding the train config's entries (the experiment, the round) plus its own;
 every ClientApp answers with the handler's record, computed on the client's own data
 (``strategies/class_stats.py``: the per-class feature statistics NCM and CCVR ask for).

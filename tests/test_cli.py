@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -347,3 +348,34 @@ def test_run_config_survives_flowers_run_config_parser():
     text = " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())
     assert parse_config_args([text]) == run_config
     assert json.loads(parse_config_args([text])["overrides"])[1] == "name=it's \"q\""
+
+
+# --- conventions ------------------------------------------------------------------------
+
+def test_version_names_the_package_and_what_it_runs_on(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert re.fullmatch(r"fedmech-flwr \S+ \(Flower 1\.42\.\S+, torch 2\.14\.1, Ray \S+\)\n", capsys.readouterr().out)
+
+
+def test_every_subcommand_describes_itself_its_exit_codes_and_two_examples(capsys):
+    from fedmech_flwr.tools.cli import HELP, build_parser
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    for name, text in HELP.items():
+        assert re.search(rf"^    {re.escape(name)}\s", top, re.M), name  # one line each in the top-level help
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([name, "--help"])
+        page = capsys.readouterr().out
+        assert "exit codes:\n  0  " in page and page.count("\n  fedmech ") == 2, name
+        assert text.paragraph.split()[0] in page
+
+
+def test_a_closed_pipe_ends_quietly_with_exit_0():
+    """``fedmech list | head -1``: no BrokenPipeError traceback."""
+    done = subprocess.run(f"{sys.executable} -m fedmech_flwr.tools.cli list | head -1; exit ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith("DATASETS")

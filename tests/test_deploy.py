@@ -114,8 +114,8 @@ def test_deploy_local_with_tls_and_auth_refuses_an_unregistered_node(tmp_path):
                 _stop(proc)
     output = (tmp_path / "fedmech.log").read_text()
     assert "2 SuperNodes online" in output and "(TLS, SuperNode auth)" in output
-    assert "finished:completed" in output
     (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert f"completed: {run_dir}" in output
     assert read_status(run_dir)["status"] == "completed"
     clients = read_records(run_dir, "client")
     assert sorted((r["round"], r["partition_id"]) for r in clients) == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -165,8 +165,8 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path):
         shutil.rmtree(ray_dir, ignore_errors=True)
     output = (tmp_path / "fedmech.log").read_text()
     assert f"simulation uses the existing Ray cluster at 127.0.0.1:{port}" in output
-    assert "finished:completed" in output
     (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert f"completed: {run_dir}" in output
     assert [r["round"] for r in read_records(run_dir, "eval")] == [0, 1, 2]
     assert len(drivers) == 1, "the simulation did not connect to the Ray head started by the test"
     assert not processes_mentioning(str(ray_dir)), "the Ray head was not stopped"

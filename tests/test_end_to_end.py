@@ -124,6 +124,26 @@ def test_checkpoints_and_final_model_reproduce_final_eval(smoke_run, smoke_cfg):
     assert res.loss == pytest.approx(last_eval["loss"], rel=1e-5)
 
 
+def test_tensorboard_holds_every_declared_metric_per_round(smoke_run):
+    """The event files: each declared metric as a scalar per round (as shown: percent),
+    per-class values, the flags TensorBoard cannot draw, the config and the plots."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(smoke_run / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    evals = read_records(smoke_run, "eval")
+    accuracy = events.Scalars("eval/accuracy")
+    assert [e.step for e in accuracy] == [r["round"] for r in evals] == [0, 1, 2]
+    assert [e.value for e in accuracy] == pytest.approx([100 * r["accuracy"] for r in evals], rel=1e-6)
+    tags = events.Tags()
+    assert {"weight_divergence/mean.update_cosine", "eval/sparsity"} <= set(tags["scalars"])
+    assert {f"eval/accuracy per class/class {c}" for c in range(4)} <= set(tags["scalars"])
+    assert {"config/text_summary", "flags/text_summary"} <= set(tags["tensors"])  # round 0: one class
+    flagged = [e.step for e in events.Tensors("flags/text_summary")]
+    assert flagged == [r["round"] for r in evals if r["max_predicted_fraction"] > 0.9]
+    assert "plots/accuracy" in tags["images"]
+
+
 def test_plots_exist(smoke_run):
     plots = {p.name for p in (smoke_run / "plots").glob("*.png")}
     expected = {"accuracy.png", "loss.png", "per_class_accuracy.png", "label_distribution.png", "sparsity.png"}

@@ -145,15 +145,16 @@ def assert_example_folder(run: Path) -> None:
 
 
 def round_lines(text: str) -> list[str]:
-    """The console's round lines, without their time (``| 1.2s``)."""
-    return [re.sub(r" \| [0-9.]+s$", "", line[line.index("round "):]) for line in text.splitlines()
+    """The console's round lines, without their time and ETA (``| 1.2s | ETA 2s``)."""
+    return [re.sub(r" \| [0-9.]+s( \| ETA \S+)?$", "", line[line.index("round "):]) for line in text.splitlines()
             if re.search(r"\bround \d+/\d+ \|", line)]
 
 
 def assert_same_run(reference: Path, run: Path) -> None:
     """The same folder (every file's path), and the same status semantics."""
-    def files(folder: Path) -> set[str]:
-        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    def files(folder: Path) -> set[str]:  # an event file is named by its time, host and pid
+        return {re.sub(r"events\.out\.tfevents\..*", "events", str(p.relative_to(folder)))
+                for p in folder.rglob("*") if p.is_file()}
 
     assert files(run) == files(reference)
     assert read_status(run).keys() == read_status(reference).keys()

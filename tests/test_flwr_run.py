@@ -9,6 +9,7 @@ and bad input, refused before Flower starts.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -46,15 +47,20 @@ def completed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def test_flwr_run_completes_and_writes_the_run_folder(completed):
     run_dir, done = completed
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "finished:completed" in done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0] == (f"fedmech run: smoke -> {run_dir} | 2 clients x 3 rounds | simulation on a private Ray, "
+                        "1 CPU(s) per client")
+    assert lines[-1].startswith(f"completed: {run_dir} | next: fedmech report {run_dir}")
     assert read_status(run_dir)["status"] == "completed"
-    assert f"Run folder: {run_dir}" in done.stdout
     evals = read_records(run_dir, "eval")
     assert [r["round"] for r in evals] == [0, 1, 2, 3]
     clients = read_records(run_dir, "client")
     assert sorted((r["round"], r["partition_id"]) for r in clients) == [(r, p) for r in (1, 2, 3) for p in (0, 1)]
-    # One progress line per round reached the user through Flower's log stream.
-    assert "round 3/3 | test acc" in done.stdout
+    # The console is quiet: a start line, one line per round (through Flower's log stream), an end line;
+    # Flower's and Ray's whole log is in the run folder.
+    assert [line.split(" | ")[0] for line in lines[1:-1]] == [f"round {r}/3" for r in range(4)]
+    assert "round 3/3 | global test accuracy" in done.stdout and "| ETA " in lines[2]
+    assert "Starting Flower Simulation" in (run_dir / "logs" / "flwr_run.log").read_text()
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["packages"]["flwr"].startswith("1.42")
 
@@ -63,9 +69,9 @@ def test_a_failed_run_is_reported_as_failed(tmp_path):
     # the clients' weights overflow in round 1: a failure only the run itself can find
     done = fedmech_run(tmp_path, "train.lr=1e30")
     assert done.returncode == 1, done.stdout[-4000:]
-    assert "finished:failed" in done.stdout
-    assert "non-finite weights" in done.stdout  # the server's error reached the user
     (run_dir,) = list(tmp_path.iterdir())
+    last = done.stderr.strip().splitlines()[-1]  # the server's error reached the user, in one line
+    assert re.match(r"failed: round 1: client \d failed \(non-finite weights in ", last) and "--resume" in last
     assert read_status(run_dir)["status"] == "failed"
 
 

@@ -321,8 +321,10 @@ def test_a_leaderboard_row_names_the_parameters_that_tell_its_strategy_apart(tmp
 def test_the_outputs_are_complete_and_the_markdown_links_its_plots(sweep_report):
     out, _ = sweep_report
     names = sorted(p.name for p in (out / "plots").iterdir())
-    # two rounds of diagnostics: too few for curves of the gap and the IoUs (the tables show them)
-    assert names == ["eval_accuracy.png", "headline.png", "per_class_recall.png"]
+    # two rounds of diagnostics: too few for curves of the gap and the IoUs (the tables show them);
+    # per class: the global model's recall and the misalignment diagnostic's headline metrics
+    assert names == ["eval_accuracy.png", "headline.png", "per_class_misalignment_gaps_probe.png",
+                     "per_class_misalignment_probe.png", "per_class_recall.png"]
     md = (out / "report.md").read_text()
     assert all(f"](plots/{name})" in md for name in names)
     page = (out / "index.html").read_text()
@@ -425,7 +427,7 @@ def test_the_page_leads_with_the_claim_in_a_headless_browser(tmp_path):
         finally:
             browser.close()
     assert errors == []
-    assert len(widths) == 3 and all(w > 0 for w in widths)
+    assert len(widths) == 5 and all(w > 0 for w in widths)
     assert first[0] == "Preserved or misaligned: the headline" and first[1].startswith("global, probe, realigned")
     assert headings[1] == "Protocol" and "not stated" in cells and "paper v2" in cells
     assert "25.0 (n=1, no interval) ⚑ one class in 1/1 seeds" in cells
@@ -603,7 +605,7 @@ def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagg
     probed = {"kind": "diagnostic", "round": 2, "name": "misalignment", "probe": {"accuracy": 0.366}}
     run = SimpleNamespace(protocol=SimpleNamespace(current=SimpleNamespace(started_at=0.0, succeeded=[0], sampled=[0])),
                           cfg=SimpleNamespace(federation=SimpleNamespace(num_rounds=3)),
-                          folder=SimpleNamespace(recent=[evaluated, probed]))
+                          folder=SimpleNamespace(recent=[evaluated, probed]), _eta=lambda server_round: "")
     with caplog.at_level("INFO", logger="fedmech_flwr.app.run"):
         Run._log(run, 2, EvalResult(2.3, 0.1, [1.0] + [0.0] * 9, 1000, 3, fraction), 0.9)
     line = caplog.records[-1].getMessage()

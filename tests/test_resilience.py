@@ -23,7 +23,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error
 from flwr.common.constant import ErrorCode
 
-from conftest import SMOKE, as_killed, assert_same_run, run_folders, smoke_config
+from conftest import REPO, SMOKE, as_killed, assert_same_run, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.app.protocol import ClientFailure, failure_reason
@@ -104,7 +104,7 @@ RAY_REASON = (
     "    return self._call(message, context)\n"
     '  File "/work/main/fedmech_flwr/app/client_app.py", line 131, in train\n'
     "    new_params, num_examples, client_metrics = client.fit(params, {**fit_config})\n"
-    '  File "/work/main/clients/plain.py", line 40, in fit\n    raise RuntimeError("CUDA out of memory")\n'
+    f'  File "{REPO}/clients/plain.py", line 40, in fit\n    raise RuntimeError("CUDA out of memory")\n'
     "RuntimeError: CUDA out of memory\n\nThe above exception was the direct cause of the following exception:\n\n"
     "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=81433, ip=10.0.0.5, actor_id=6d4f0c1e2b8a7f5e3c9d01a4000000)\n"
     '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", '
@@ -135,12 +135,14 @@ def test_a_failed_client_is_recorded_in_one_line_with_its_traceback_in_logs(tmp_
         folder.failure(server_round, 1, failure_reason(error), "continue", error.reason)
     records = read_records(tmp_path, "failure")
     assert records[1] == {"kind": "failure", "round": 2, "partition_id": 1, "policy": "continue",
-                          "reason": "raised: RuntimeError: CUDA out of memory",
+                          "reason": f"raised: RuntimeError: CUDA out of memory (in clients.plain "
+                                    f"({REPO}/clients/plain.py:40))",  # the plug-in's frame
                           "details": "logs/client_failures.log"}
     log_text = (tmp_path / "logs" / "client_failures.log").read_text()
     assert "\x1b" not in log_text
     assert log_text.count("raise ClientAppException(str(ex)) from ex") == 2  # appended, whole
-    assert re.match(r"--- round 1, client 1, \S+: raised: RuntimeError: CUDA out of memory\n<class 'ray", log_text)
+    assert re.match(r"--- round 1, client 1, \S+: raised: RuntimeError: CUDA out of memory \(in clients\.plain .*\)\n"
+                    r"<class 'ray", log_text)
 
 
 # --- divergence -------------------------------------------------------------------------
@@ -587,8 +589,8 @@ def test_a_run_that_fails_after_its_last_round_is_marked_failed_with_the_reason(
     [run] = run_folders(tmp_path)
     status = read_status(run)
     assert status["status"] == "failed"
-    assert status["error"] == ("after the last round, drawing the final plots or writing the status: "
-                               "OSError: [Errno 28] No space left on device")
+    assert re.fullmatch(r"after the last round, drawing the final plots or writing the status: in test_resilience "
+                        r"\(\S+test_resilience.py:\d+\): OSError: \[Errno 28\] No space left on device", status["error"])
     assert (run / "model_final.safetensors").is_file()  # the rounds' work is all there
 
 
@@ -597,9 +599,9 @@ def test_a_resume_that_fails_while_rewinding_is_marked_failed(smoke_run, tmp_pat
     monkeypatch.setattr(RunFolder, "rewind", lambda self, last_round: (_ for _ in ()).throw(NO_SPACE))
     with pytest.raises(OSError, match="No space left"):
         resume_in_process(run)
-    assert read_status(run) | {"pid": 0, "host": "", "updated_at": ""} == {
-        "status": "failed", "error": "OSError: [Errno 28] No space left on device", "pid": 0, "host": "",
-        "updated_at": ""}
+    status = read_status(run)
+    assert (status["status"], status["resumable"]) == ("failed", True)
+    assert status["error"].endswith("): OSError: [Errno 28] No space left on device")  # where: the test's stand-in
 
 
 def test_the_cli_marks_a_run_failed_whose_serverapp_ended_without_a_status(tmp_path, capsys, monkeypatch):
@@ -617,7 +619,8 @@ def test_the_cli_marks_a_run_failed_whose_serverapp_ended_without_a_status(tmp_p
     reason = "the ServerApp ended without recording an outcome (Flower: finished:failed); see its log"
     assert read_status(run)["status"] == "failed" and read_status(run)["error"] == reason
     out, err = capsys.readouterr()
-    assert f"run folder {run}: failed" in out and err.strip() == f"Error: {reason}"
+    assert out.startswith(f"fedmech run: smoke -> {run} | 3 clients x 2 rounds | simulation")
+    assert err.strip() == f"failed: {reason} | once fixed, continue it: fedmech run --resume {run} | logs in {run / 'logs'}"
 
 
 # --- resume checks everything before Flower starts -------------------------------------

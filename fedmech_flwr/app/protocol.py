@@ -39,8 +39,9 @@ from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
+from fedmech_flwr.errors import raised_where_in_text
 from fedmech_flwr.hooks import ClientUpdate, decode_results
-from fedmech_flwr.run_folder import RunFolder, one_line
+from fedmech_flwr.run_folder import RunFolder, one_line, strip_colours
 from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.wire import IDENTIFY_ACTION, REPORT_KEY
 
@@ -59,10 +60,14 @@ class ClientFailure(RuntimeError):
 
 
 def failure_reason(error: Error) -> str:
-    """One line: ``raised: Type: message`` for a ClientApp exception, Flower's code and
-    reason otherwise (of a traceback, its exception line: ``one_line``)."""
+    """One line: ``raised: Type: message`` for a ClientApp exception, with the plug-in
+    module and file:line that raised it (``raised_where``); Flower's code and reason
+    otherwise (of a traceback, its exception line: ``one_line``)."""
     reason = one_line(error.reason)
-    return f"raised: {reason}" if error.code in RAISED_CODES else f"error {error.code}: {reason}"
+    if error.code not in RAISED_CODES:
+        return f"error {error.code}: {reason}"
+    where = raised_where_in_text(strip_colours(error.reason))
+    return f"raised: {reason}" + (f" (in {where})" if where else "")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import math
 import os
 import resource
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -45,7 +47,7 @@ from fedmech_flwr.app.node_data import NodeDataSpec
 from fedmech_flwr.app.protocol import SHARD, ClientFailure, Roster, RoundProtocol, discover_nodes, failure_reason
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
-from fedmech_flwr.errors import BadFileError
+from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
 from fedmech_flwr.experiment import (
     audit_indices,
     check_disjoint_from_test,
@@ -56,12 +58,13 @@ from fedmech_flwr.experiment import (
     new_model,
 )
 from fedmech_flwr.hooks import Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import headline
+from fedmech_flwr.outputs import duration, headline
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
-from fedmech_flwr.run_folder import CONFIG_FILE, STATE_FILE, ResumePoint, RunFolder
+from fedmech_flwr.run_folder import CONFIG_FILE, PLOTS_DIR, STATE_FILE, ResumePoint, RunFolder
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.tensorboard_events import EventFiles
 from fedmech_flwr.training import EvalResult, evaluate, resolve_device
 from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
 
@@ -146,6 +149,11 @@ class Run:
         """The last round whose model and state were saved as the resume point."""
         self._grid: Grid | None = None
         self._train_config = ConfigRecord()
+        self._started = time.monotonic()
+        self._first_end: tuple[int, float] | None = None
+        """(round, time) of the first round this process ended: the ETA's start."""
+        self.events: EventFiles | None = None
+        """The TensorBoard event files (``tensorboard: true``), once the folder exists."""
 
     def execute(self, grid: Grid, initial: NamedArrays, *, train_config: ConfigRecord | None = None,
                 evaluate_config: ConfigRecord | None = None, evaluate_fn: Evaluate | None = None) -> Result:
@@ -154,8 +162,22 @@ class Run:
         ``evaluate_fn`` are a user's own Flower app's, passed on to Flower's loop (their
         ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
         inputs, fed = self.inputs, self.cfg.federation
+        self._started = time.monotonic()
         folder = self.folder = self._open_folder()
-        with completing(folder):
+        if self.cfg.tensorboard:
+            self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
+                                     inputs.class_names)
+        try:
+            return self._rounds(grid, initial, train_config, evaluate_config, evaluate_fn)
+        finally:
+            if self.events:
+                self.events.close(sorted((folder.path / PLOTS_DIR).glob("*.png")))
+
+    def _rounds(self, grid: Grid, initial: NamedArrays, train_config: ConfigRecord | None,
+                evaluate_config: ConfigRecord | None, evaluate_fn: Evaluate | None) -> Result:
+        """The module docstring's steps 1 (but the folder's making) to 4."""
+        inputs, fed, folder = self.inputs, self.cfg.federation, self.folder
+        with completing(folder, lambda: self.protocol.current.server_round if self.protocol else None):
             point = self._resume_point(initial) if inputs.resume else None
             if not inputs.resume:
                 folder.write_config(inputs.recorded_config)
@@ -211,8 +233,8 @@ class Run:
         server's partition where it has one, else as the node reported them."""
         entries = []
         for cid, info in roster.clients.items():
-            num, hist = self.inputs.shards.get(cid) if info.source == SHARD and cid in self.inputs.shards \
-                else (info.num_samples, list(info.label_histogram))
+            shard = self.inputs.shards.get(cid) if info.source == SHARD else None
+            num, hist = shard or (info.num_samples, list(info.label_histogram))
             entry = {"partition_id": cid, "num_samples": num, "label_histogram": hist}
             entries.append({**entry, **({"node": info.name} if info.name else {}), "source": info.source})
         return entries
@@ -261,6 +283,8 @@ class Run:
             folder.checkpoint(server_round, named, state)
         self.committed = ResumePoint(server_round, named, state)
         folder.save_state(self.committed)
+        if self.events:
+            self.events.round(server_round, folder.recent)
         self._log(server_round, res, sparsity)
         return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
 
@@ -278,6 +302,7 @@ class Run:
             "sparsity": sparsity, "layer_sparsity": layer_sparsity(model),
             "clients_sampled": list(summary.sampled), "clients_succeeded": list(summary.succeeded),
             "train_round_seconds": summary.train_seconds, "server_peak_rss_mb": peak_rss_mb(),
+            "elapsed_seconds": time.monotonic() - self._started,
         })
         return res, sparsity
 
@@ -313,25 +338,37 @@ class Run:
 
     def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
         """The console's round line: the round's declared headline metrics with their
-        flags, then the global model's loss and sparsity, the clients that replied, and
-        the time."""
+        flags, then the global model's loss and sparsity, the clients that replied, the
+        round's time and the run's ETA."""
         summary = self.protocol.current
         seconds = time.perf_counter() - summary.started_at if server_round else 0.0
-        log.info("round %d/%d | %s | loss %.4f | sparsity %.2f%% | clients %d/%d | %.1fs", server_round,
+        log.info("round %d/%d | %s | loss %.4f | sparsity %.2f%% | clients %d/%d | %.1fs%s", server_round,
                  self.cfg.federation.num_rounds, " | ".join(headline(self.folder.recent)), res.loss, 100 * sparsity,
-                 len(summary.succeeded), len(summary.sampled), seconds)
+                 len(summary.succeeded), len(summary.sampled), seconds, self._eta(server_round))
+
+    def _eta(self, server_round: int) -> str:
+        """`` | ETA 4m10s``: the rounds left at the mean pace of the rounds this process ran."""
+        now = time.monotonic()
+        if self._first_end is None:
+            self._first_end = (server_round, now)
+        first, then = self._first_end
+        left = self.cfg.federation.num_rounds - server_round
+        if server_round == first or not left:
+            return ""
+        return f" | ETA {duration((now - then) / (server_round - first) * left)}"
 
 
 @contextmanager
-def completing(folder: RunFolder) -> Iterator[None]:
+def completing(folder: RunFolder, current_round: Callable[[], int | None] = lambda: None) -> Iterator[None]:
     """End ``folder`` as completed, with its plots, when the block ends; as failed, with a
-    one-line reason (and the plots of the rounds it finished), when the block, the final
-    plots or the status write raise. Only a process that dies before it can write the
-    status leaves it "running" (readers then see a dead writer: interrupted)."""
+    one-line reason (``failure_text``; ``current_round`` says where the run was) and the
+    plots of the rounds it finished, when the block, the final plots or the status write
+    raise. Only a process that dies before it can write the status leaves it "running"
+    (readers then see a dead writer: interrupted)."""
     try:
         yield
     except BaseException as err:
-        _fail(folder, err)
+        _fail(folder, err, current_round())
         try:
             plot_run(folder.path)
         except Exception as plot_err:  # never hide the run's own error behind a plotting one
@@ -341,20 +378,36 @@ def completing(folder: RunFolder) -> Iterator[None]:
         plot_run(folder.path)
         folder.set_status("completed")
     except BaseException as err:
-        _fail(folder, err, "after the last round, drawing the final plots or writing the status: ")
+        _fail(folder, err, None, "after the last round, drawing the final plots or writing the status: ")
         raise
     log.info("Run completed: %s", folder.path)
 
 
-def _fail(folder: RunFolder, err: BaseException, context: str = "") -> None:
-    """Mark ``folder`` failed with ``err`` as one line; if even that cannot be written (a
-    full disk), say so in the log: the status then reads as interrupted."""
-    text = str(err).strip()
-    reason = f"{context}{type(err).__name__}" + (f": {text.splitlines()[0]}" if text else "")
+NOT_RESUMABLE = (Diverged, ConfigError, BadFileError)
+"""Failures a resume would only repeat: the run says what to do instead."""
+
+
+def _fail(folder: RunFolder, err: BaseException, server_round: int | None, context: str = "") -> None:
+    """Mark ``folder`` failed with ``err`` as one line, and whether resuming can help; if
+    even that cannot be written (a full disk), say so in the log: the status then reads as
+    interrupted."""
     try:
-        folder.set_status("failed", reason)
+        folder.set_status("failed", context + failure_text(err, server_round),
+                          resumable=not isinstance(err, NOT_RESUMABLE + (KeyboardInterrupt,)))
     except OSError as status_err:
         log.error("could not record the failure in %s (%s): %s", folder.path, status_err, err)
+
+
+def failure_text(err: BaseException, server_round: int | None) -> str:
+    """One line: the round (unless the message names it), the plug-in module and the
+    file:line where a plug-in or the user's own code raised it, then ``Type: message``."""
+    text = str(err).strip()
+    reason = type(err).__name__ + (f": {text.splitlines()[0]}" if text else "")
+    if where := raised_where((f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__)):
+        reason = f"in {where}: {reason}"
+    if server_round and not text.startswith("round "):
+        reason = f"round {server_round}, {reason}"
+    return reason
 
 
 def refuse(cfg: ExperimentConfig | FlowerAppConfig, folder: RunFolder, roster: Roster) -> None:

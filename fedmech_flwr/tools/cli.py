@@ -9,7 +9,9 @@
         diagnostics, and where each comes from)
     fedmech new strategy|client|diagnostic|model NAME [--dir DIR]   (a start for your own plug-in)
     fedmech plot RUN_DIR
+    fedmech status RUN_DIR | SWEEP_DIR [--watch]   (where a run or sweep stands: state, round, ETA)
     fedmech report SWEEP_DIR | RUN_DIR ... --out DIR [--paper FILE]   (one page over many runs)
+    fedmech export SWEEP_DIR | RUN_DIR ... --out FILE.csv   (every declared metric as one tidy table)
     fedmech sweep SWEEP.yaml [--preset NAME] [--seeds 0,1,2] [--out DIR] [--parallel N] [--retry-failed]
     fedmech usae SOURCE SOURCE [...] --layer L   (and other commands plug-ins register)
 
@@ -25,10 +27,13 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
 import textwrap
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedmech_flwr import plugins
@@ -199,17 +204,34 @@ def _run_lock(run_dir: Path) -> FolderLock:
     return FolderLock(run_dir / LOCK_FILE, f"run `fedmech run --resume {run_dir}` again if it did not complete")
 
 
+def _start_line(cfg: ExperimentConfig, run_dir: Path, engine: str, resume: bool) -> str:
+    """The console's first line: what runs, where, on what."""
+    fed = cfg.federation
+    what = f"continuing {run_dir}" if resume else f"{cfg.name} -> {run_dir}"
+    return f"fedmech run: {what} | {fed.num_clients} clients x {fed.num_rounds} rounds | {engine}"
+
+
+def _engine(cfg: ExperimentConfig) -> str:
+    sim = cfg.simulation
+    where = f"the Ray cluster at {sim.ray_address}" if sim.ray_address else "a private Ray"
+    return f"simulation on {where}, {sim.cpus_per_client} CPU(s) per client"
+
+
 def _report(result: LaunchResult, run_dir: Path) -> int:
-    """Exit 0 only if Flower says ``finished:completed`` and the run folder ``completed``.
-    A folder still "running" after its ServerApp ended is marked failed here, so no status
-    outlives its writer."""
-    folder_status = settle_status(run_dir, result.status)["status"]
-    print(f"\nFlower run {result.run_id}: {result.status}; run folder {run_dir}: {folder_status}")
-    if result.ok and folder_status == "completed":
-        print(f"Run folder: {run_dir}")
+    """The console's last line (status, folder, what to do next). Exit 0 only if Flower
+    says ``finished:completed`` and the run folder ``completed``. A folder still "running"
+    after its ServerApp ended is marked failed here, so no status outlives its writer."""
+    status = settle_status(run_dir, result.status)
+    if result.ok and status["status"] == "completed":
+        print(f"completed: {run_dir} | next: fedmech report {run_dir} --out {run_dir / 'report'} "
+              f"(plots in {run_dir / 'plots'}, Flower's log in {run_dir / 'logs'})")
         return EXIT_OK
-    if folder_status == "failed":
-        print(f"Error: {read_status(run_dir).get('error')}", file=sys.stderr)
+    if status["status"] == "missing":
+        print(f"failed before the run folder was made (Flower: {result.status}); see the log above", file=sys.stderr)
+        return EXIT_FAILED
+    reason = status.get("error") or f"Flower's run status is {result.status}"
+    then = f" | once fixed, continue it: fedmech run --resume {run_dir}" if status.get("resumable") else ""
+    print(f"failed: {reason}{then} | logs in {run_dir / 'logs'}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -227,7 +249,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with _run_lock(run_dir):
             if args.resume:
                 _prepare_resume(run_dir, args.from_checkpoint)
-            result = launch(run_config, cfg.federation.num_clients, cfg.simulation)
+            print(_start_line(cfg, run_dir, _engine(cfg), bool(args.resume)), flush=True)
+            result = launch(run_config, cfg.federation.num_clients, cfg.simulation, verbose=args.verbose)
     except KeyboardInterrupt:
         print(f"\n{_stopped(run_dir)}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -251,8 +274,10 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
         node_configs(cfg.federation.num_clients, node_data)
     except ValueError as err:
         raise ConfigError(str(err), "--node-data") from None
+    security = "TLS, SuperNode auth" if args.auth else "TLS" if args.tls or args.certs else "insecure"
+    print(_start_line(cfg, run_dir, f"local Deployment Engine ({security})", False), flush=True)
     result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
-                          certs=args.certs, port=args.port, node_data=node_data)
+                          certs=args.certs, port=args.port, node_data=node_data, verbose=args.verbose)
     return _report(result, run_dir)
 
 
@@ -297,6 +322,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the tidy table; a run whose plug-ins cannot be imported is named on stderr
+    (its plug-ins' metrics are left out, the rest exported)."""
+    from fedmech_flwr.tools.export import check_out, export_rows, write_csv
+
+    check_out(args.out)
+    columns, rows, not_imported = export_rows(args.paths, args.plugin)
+    write_csv(columns, rows, args.out)
+    for problem in not_imported:
+        print(f"Exported without its plug-ins' metrics: {problem}", file=sys.stderr)
+    print(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}")
+    return EXIT_OK
+
+
 def _seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",")]
@@ -329,7 +368,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_OK
     try:
         outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
-                             say=lambda line: print(line, flush=True))
+                             say=lambda line: print(line, flush=True), verbose=args.verbose)
     except KeyboardInterrupt:
         print(f"\nstopped: every run the sweep started is stopped; run the same command again to continue "
               f"({folder})", file=sys.stderr)
@@ -340,22 +379,173 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print where a run or sweep stands; with --watch, again every --interval seconds
+    while it runs (Ctrl-C ends the watch: exit 0). Exit 1 when it failed or was interrupted."""
+    from fedmech_flwr.tools.status import look
+
+    if args.interval <= 0:
+        raise ConfigError(f"--interval must be a positive number of seconds, got {args.interval}", "fedmech status")
+    clear = args.watch and sys.stdout.isatty()
+    try:
+        while True:
+            found, text = look(args.path)
+            if args.watch:
+                text = f"{dt.datetime.now():%H:%M:%S} (every {args.interval:g}s; Ctrl-C stops)\n{text}\n"
+            print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
+            if not args.watch or found.state != "running":
+                return EXIT_OK if found.ok else EXIT_FAILED
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+@dataclass(frozen=True)
+class Help:
+    """A subcommand's help: one line for ``fedmech --help``, a paragraph, its exit codes
+    and two examples for ``fedmech NAME --help``."""
+
+    line: str
+    paragraph: str
+    exits: tuple[str, ...]
+    examples: tuple[str, str]
+
+
+HELP = {
+    "run": Help(
+        "run an experiment with flwr run (local simulation on Ray)",
+        "Validate the experiment, then run it with real `flwr run` on a private, short-lived local SuperLink "
+        "with Ray. The console shows a start line, one line per round (the declared headline metrics with "
+        "their flags, the ETA) and an end line; Flower's and Ray's whole log goes to the run folder's logs/ "
+        "(-v streams it too). --resume continues a killed or failed run in its own folder.",
+        ("0  the run completed", "1  the run failed (the reason, and how to continue it)",
+         "2  bad input, refused before anything starts", "130  interrupted (Ctrl-C): it says how to resume"),
+        ("fedmech run experiments/smoke.yaml --set federation.num_rounds=3",
+         "fedmech run --resume ~/fedmech-runs/smoke-20261205-101500")),
+    "deploy-local": Help(
+        "run an experiment on a local SuperLink and SuperNodes (Deployment Engine)",
+        "Run the experiment on Flower's Deployment Engine on this machine: a SuperLink and one SuperNode per "
+        "client, optionally with TLS and SuperNode authentication, nodes with their own data (--node-data). "
+        "The same console lines and run folder as `fedmech run`.",
+        ("0  the run completed", "1  the run failed", "2  bad input, refused before anything starts"),
+        ("fedmech deploy-local experiments/smoke.yaml --tls --auth",
+         "fedmech deploy-local experiments/smoke.yaml --node-data my_nodes/")),
+    "validate": Help(
+        "check an experiment file without running it",
+        "Parse and check the experiment as `fedmech run` would (every key, every plug-in's own rules, the "
+        "data on disk), print a one-line summary, and run nothing.",
+        ("0  valid", "2  invalid: the first line names the key and what is allowed"),
+        ("fedmech validate experiments/default.yaml",
+         "fedmech validate experiments/smoke.yaml --set train.lr=0.1")),
+    "list": Help(
+        "list what is registered (datasets, models, clients, strategies, diagnostics, ...)",
+        "List every registered entry with where it comes from (built-in, installed plug-in, --plugin module), "
+        "its config keys with types, defaults and docs, and which strategy needs which client.",
+        ("0  listed", "2  an unknown kind, or a plug-in that cannot be imported"),
+        ("fedmech list strategies", "fedmech list diagnostics --plugin my_lab.geometry")),
+    "new": Help(
+        "write a start for your own plug-in (module, test, experiment)",
+        "Write NAME.py (a registered strategy, client, diagnostic or model that works), test_NAME.py (its "
+        "known-answer test) and NAME.yaml (an experiment using it through plugins:) into --dir.",
+        ("0  written", "2  a bad name, or files that already exist"),
+        ("fedmech new strategy median --dir my_lab/", "fedmech new diagnostic update_norms")),
+    "sweep": Help(
+        "run a grid of experiments (a sweep file), or continue one",
+        "Run every cell of a sweep file (a base experiment, grid and zip axes, seeds, presets), one real "
+        "`fedmech run` each, in one sweep folder with a progress line per finished cell. Running it again "
+        "continues: completed cells are kept, killed ones resumed.",
+        ("0  every cell completed", "1  a cell failed (--retry-failed reruns it)", "2  bad input",
+         "130  interrupted: run the same command again to continue"),
+        ("fedmech sweep experiments/smoke_sweep.yaml --seeds 0,1 --out /tmp/sweeps",
+         "fedmech sweep experiments/paper/v2_misalignment.yaml --preset cpu --only data.dataset=cifar10")),
+    "plot": Help(
+        "redraw a run folder's plots from its files",
+        "Redraw every plot of a run folder from its records: the global model's, each diagnostic's own, and "
+        "the declared curves of a diagnostic that draws none and of the strategy. The run's recorded "
+        "plugins: are imported first.",
+        ("0  drawn", "1  some plug-in could not be imported: its plots are skipped, the rest drawn",
+         "2  not a run folder"),
+        ("fedmech plot ~/fedmech-runs/smoke-20261205-101500",
+         "fedmech plot RUN_DIR --plugin my_lab.geometry")),
+    "status": Help(
+        "say where a run or a sweep stands (read-only)",
+        "Say where a run or sweep folder stands, from its files alone (it writes nothing): a run's state "
+        "(running, completed, failed with its reason, or interrupted: its process is gone), round k of N, ETA "
+        "and the last round's headline metrics with their flags; a sweep's cells by state, its running cells' "
+        "rounds and ETAs, its failed cells' reasons and its ETA. A process on another host (a folder copied "
+        "from there) is named, not checked.",
+        ("0  completed, or running", "1  failed or interrupted, or a sweep with a failed or interrupted cell "
+         "(it shows how to continue)", "2  not a run or sweep folder, or a damaged file"),
+        ("fedmech status ~/fedmech-runs/smoke-20261205-101500",
+         "fedmech status ~/fedmech-runs/misalign-v2-cpu --watch --interval 10")),
+    "report": Help(
+        "one page (HTML, Markdown, summary.json) over a sweep folder or run folders",
+        "Group runs that differ only in seed, and write one page: the headline figure, the protocol beside "
+        "the paper's, each declared metric's table (mean and 95% interval over seeds, flags with their seed "
+        "counts), curves, per-class figures, the published values checked in direction, a leaderboard and "
+        "the runs' provenance; plus report.md and summary.json.",
+        ("0  written", "2  nothing to report on, or a damaged file"),
+        ("fedmech report ~/fedmech-runs/misalign-v2-cpu --out report/",
+         "fedmech report RUN_A RUN_B RUN_C --out report/ --paper my_values.yaml")),
+    "export": Help(
+        "every declared metric of a sweep folder or run folders as one tidy CSV table",
+        "Write one long table: a row per run x round x declared metric (and per class where the metric has "
+        "per-class values), with the run, its sweep and axis labels, seed and status, the metric's label and "
+        "unit, the value as the report shows it (percent, percentage points; empty when undefined, never 0) "
+        "and its validity flag. Each run's recorded plugins: are imported first; runs with records are "
+        "exported whatever their status.",
+        ("0  written (a run whose plug-ins cannot be imported is named on stderr: its plug-ins' metrics are "
+         "left out)", "2  not a run or sweep folder, a damaged file, or an --out that is not a .csv in an "
+         "existing folder"),
+        ("fedmech export ~/fedmech-runs/misalign-v2-cpu --out misalign.csv",
+         "fedmech export RUN_A RUN_B --out runs.csv --plugin my_lab.geometry")),
+}
+"""Every built-in subcommand's help, in the order ``fedmech --help`` lists them."""
+
+
+def _add_command(sub, name: str, fn) -> argparse.ArgumentParser:
+    """The subparser of ``name`` with its ``HELP``."""
+    text = HELP[name]
+    epilog = "exit codes:\n" + "\n".join(f"  {line}" for line in text.exits)
+    epilog += "\n\nexamples:\n" + "\n".join(f"  {line}" for line in text.examples)
+    p = sub.add_parser(name, help=text.line, description=textwrap.fill(text.paragraph, 88), epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(fn=fn)
+    return p
+
+
+def _version() -> str:
+    """The package's version and those of what it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"fedmech-flwr {of('fedmech-flwr')} (Flower {of('flwr')}, torch {of('torch')}, Ray {of('ray')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedmech", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, fn, help_text, nargs in (
-        ("run", cmd_run, "run an experiment with flwr run (local simulation)", "?"),  # optional with --resume
-        ("deploy-local", cmd_deploy_local, "run an experiment on a local SuperLink and SuperNodes (Deployment Engine)",
-         None),
-        ("validate", cmd_validate, "check an experiment file without running it", None),
-    ):
-        p = sub.add_parser(name, help=help_text)
+    parser = argparse.ArgumentParser(
+        prog="fedmech", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Federated learning with Flower, and the mechanistic diagnostics that say why FedAvg fails "
+                    "on label-skewed clients.",
+        epilog="`fedmech COMMAND --help` describes a command, its exit codes and examples.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, fn, nargs in (("run", cmd_run, "?"), ("deploy-local", cmd_deploy_local, None),
+                            ("validate", cmd_validate, None)):  # run's file is optional with --resume
+        p = _add_command(sub, name, fn)
         p.add_argument("experiment", nargs=nargs, help="experiment YAML file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set federation.num_rounds=2 (repeatable)")
-        p.set_defaults(fn=fn)
     for name in ("run", "deploy-local"):
         sub.choices[name].add_argument("--out", help="output root for the run folder (beats FEDMECH_OUT)")
+        sub.choices[name].add_argument("-v", "--verbose", action="store_true",
+                                       help="stream Flower's and Ray's whole log too (it is always kept in the "
+                                            "run folder's logs/)")
     sub.choices["run"].add_argument("--resume", metavar="RUN_DIR",
                                     help="continue a killed or failed run in its folder, from its last completed round")
     sub.choices["run"].add_argument("--from-checkpoint", type=int, metavar="N",
@@ -372,19 +562,15 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--node-data", type=Path, metavar="DIR",
                         help="one .npz file or image folder per node that brings its own data (node-name: the "
                              "entry's name); the other federation.num_clients nodes hold shards of the dataset")
-    p = sub.add_parser("list", help="list what is registered, with where each entry comes from, its config keys, "
-                                    "types, defaults and docs, and which strategy needs which client")
+    p = _add_command(sub, "list", cmd_list)
     p.add_argument("kind", nargs="?", metavar="KIND", help=f"only this kind: {', '.join(LIST_KINDS)}")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import this plug-in module first, as an experiment's plugins: list does (repeatable)")
-    p.set_defaults(fn=cmd_list)
-    p = sub.add_parser("new", help="write a start for your own plug-in: its module, its test and an experiment "
-                                   "using it (plugins:)")
+    p = _add_command(sub, "new", cmd_new)
     p.add_argument("kind", choices=NEW_KINDS)
     p.add_argument("name", help="a lowercase identifier: the module's and the registered entry's name")
     p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
-    p.set_defaults(fn=cmd_new)
-    p = sub.add_parser("sweep", help="run a grid of experiments (a sweep file), or continue one")
+    p = _add_command(sub, "sweep", cmd_sweep)
     p.add_argument("sweep", help="sweep YAML file (base experiment, axes, presets)")
     p.add_argument("--preset", help="a named set of overrides from the sweep file (e.g. cpu, gpu)")
     p.add_argument("--seeds", type=_seeds, help="comma-separated seeds, e.g. 0,1,2 (beats the file's seeds)")
@@ -394,20 +580,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL]",
                    help="run only the cells with these labels on an axis (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="validate every cell and list them; run nothing")
-    p.set_defaults(fn=cmd_sweep)
-    p = sub.add_parser("plot", help="redraw a run folder's plots from its files")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="each cell's log (logs/CELL.log) gets Flower's and Ray's whole log, not only its round lines")
+    p = _add_command(sub, "plot", cmd_plot)
     p.add_argument("run_dir")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="also import this plug-in module (repeatable); the run's own plugins: are imported anyway")
-    p.set_defaults(fn=cmd_plot)
-    p = sub.add_parser("report", help="one page (HTML, Markdown, summary.json) over a sweep folder or run folders")
+    p = _add_command(sub, "status", cmd_status)
+    p.add_argument("path", metavar="RUN_OR_SWEEP", help="a run folder or a sweep folder")
+    p.add_argument("--watch", action="store_true", help="redraw until it no longer runs (or Ctrl-C)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="with --watch: seconds between "
+                   "redraws (default 2)")
+    p = _add_command(sub, "report", cmd_report)
     p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the report goes")
     p.add_argument("--paper", type=Path, metavar="FILE", default=PAPER_VALUES,
                    help="published values to show next to matching groups (default: experiments/paper/values.yaml)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
-    p.set_defaults(fn=cmd_report)
+    p = _add_command(sub, "export", cmd_export)
+    p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE.csv", help="the CSV file to write")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
     plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
     for name in COMMANDS.names():
         command = COMMANDS.get(name).factory
@@ -431,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:  # `fedmech list | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return EXIT_OK
     except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive
+from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive, strip_colours
 from fedmech_flwr.tools.reaper import MARKER, kill_launch, start_reaper
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,19 @@ QUIET_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 MAKE_CERTS = APP_DIR / "scripts" / "make_certs.sh"
+RUN_LOG = "flwr_run"
+"""``logs/flwr_run.log``: the whole stream of ``flwr run`` (Flower's, Ray's and the ServerApp's log), in ``logs/``."""
+HIDDEN = re.compile("|".join([
+    r"Since flwr 1\.32, default simulated SuperNodes changed",  # fedmech always sets the number
+    r"To change federation size, use the following command|flwr federation simulation-config",
+    r"FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator",
+    r"^\s*warnings\.warn\($",  # the line under that FutureWarning
+    r"fraction_evaluate is set to 0\.0\. Federated evaluation will be skipped",  # the server evaluates
+]))
+"""Lines of Flower's and Ray's log that are wrong or moot for a fedmech run: never shown."""
+LONG_LINE = 300
+"""A longer line (Flower prints the whole experiment as one) is cut on the console."""
+OWN_LINE = re.compile(r"^fedmech (INFO|WARNING|ERROR): (.*)$")
 NODES_TIMEOUT_S = 120.0
 """How long ``deploy_local`` waits for its SuperNodes to come online."""
 
@@ -117,6 +130,36 @@ def _bin(name: str) -> str:
     """A Flower executable from this interpreter's environment (else from PATH)."""
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+class Console:
+    """What a run's console shows of the ``flwr run`` stream; every line also goes, whole,
+    to ``log``.
+
+    Quiet (the default): only this project's round lines, warnings and errors, without
+    their ``fedmech INFO:`` prefix. Verbose: everything but ``HIDDEN``, long lines cut.
+    """
+
+    def __init__(self, stream: TextIO, log: TextIO, verbose: bool = False) -> None:
+        self.stream, self.log, self.verbose = stream, log, verbose
+
+    def write(self, line: str) -> None:
+        self.log.write(line)
+        text = strip_colours(line).rstrip("\n")
+        if self.verbose:
+            if HIDDEN.search(text):
+                return
+            if len(text) > LONG_LINE:
+                text = f"{text[:LONG_LINE]} ... ({len(text) - LONG_LINE} more characters in {LOGS_DIR}/{RUN_LOG}.log)"
+        elif own := OWN_LINE.match(text):
+            level, message = own.groups()
+            if level == "INFO" and not message.startswith(("round ", "Resuming ")):
+                return
+            text = message if level == "INFO" else f"{level.lower()}: {message}"
+        else:
+            return
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
 
 class _LocalFlower:
@@ -210,10 +253,10 @@ class _LocalFlower:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
     def run(self, run_config: dict[str, str], federation_config: str | None = None,
-            stream: TextIO | None = None, app: Path = APP_DIR) -> LaunchResult:
-        """``flwr run`` an app (this one by default), stream its log to ``stream`` (default:
-        stdout), and read the run's final status."""
-        stream = stream or sys.stdout
+            stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
+        """``flwr run`` an app (this one by default), show its log on ``stream`` (default:
+        stdout) through a ``Console``, keep all of it in ``logs/flwr_run.log``, and read
+        the run's final status."""
         cmd = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
                "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
         if federation_config:
@@ -221,11 +264,12 @@ class _LocalFlower:
         run_id = None
         proc = subprocess.Popen(cmd, cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
-        for line in proc.stdout:
-            stream.write(line)
-            stream.flush()
-            if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
-                run_id = int(m.group(1))
+        with open(self.log_file(RUN_LOG), "w") as log_file:
+            console = Console(stream or sys.stdout, log_file, verbose)
+            for line in proc.stdout:
+                console.write(line)
+                if run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
+                    run_id = int(m.group(1))
         proc.wait()
         proc.stdout.close()
         if run_id is None:
@@ -290,17 +334,21 @@ def _quote(value: str) -> str:
 
 
 def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
-           num_cpus: int | None = None, stream: TextIO | None = None, app: Path = APP_DIR) -> LaunchResult:
+           num_cpus: int | None = None, stream: TextIO | None = None, app: Path = APP_DIR,
+           verbose: bool = False) -> LaunchResult:
     """``flwr run`` an app (this one by default; a user's own Flower app, say) with
     ``run_config`` on a fresh local simulation SuperLink.
 
     The clients' resources go to Flower's Ray backend through ``--federation-config``;
     ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray, and
-    ``num_cpus`` caps the private Ray (runs side by side share the machine). Flower's log
-    goes to ``stream`` (default: stdout).
+    ``num_cpus`` caps the private Ray (runs side by side share the machine). What the
+    console shows goes to ``stream`` (default: stdout; ``verbose``: Flower's whole log);
+    the logs of Flower, Ray and the run end up in the run folder's ``logs/``.
     """
     with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp, ExitStack() as stack:
-        flower = _opened(stack, _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address))
+        flower = _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address)
+        stack.callback(_keep_logs, flower, _run_dir(run_config))
+        _opened(stack, flower)
         flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
         if sim.ray_address:
             log.info("simulation uses the existing Ray cluster at %s", sim.ray_address)
@@ -308,7 +356,7 @@ def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfi
                       f"client-resources-num-gpus={sim.gpus_per_client}")
         if num_cpus and not sim.ray_address:
             federation += f" init-args-num-cpus={num_cpus}"
-        return flower.run(run_config, federation, stream, app)
+        return flower.run(run_config, federation, stream, app, verbose)
 
 
 def node_data_entries(folder: Path) -> list[Path]:
@@ -343,6 +391,7 @@ def deploy_local(
     certs: Path | None = None,
     port: int | None = None,
     node_data: list[Path] | None = None,
+    verbose: bool = False,
 ) -> LaunchResult:
     """``flwr run`` this app on a local Deployment Engine: one SuperLink, ``num_nodes``
     SuperNodes (``node_configs``): shard nodes, and one node with its own data per
@@ -362,7 +411,7 @@ def deploy_local(
             creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
             creds.check(num_nodes, auth)
         flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
-        stack.callback(_keep_logs, flower, Path(run_config["run-dir"]))
+        stack.callback(_keep_logs, flower, _run_dir(run_config))
         _opened(stack, flower)
         if creds:
             cert, key = creds.server
@@ -384,15 +433,28 @@ def deploy_local(
         security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
         own = f"; {len(node_data)} with their own data" if node_data else ""
         log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s%s)", num_nodes, flower.port, security_name, own)
-        return flower.run(run_config)
+        return flower.run(run_config, verbose=verbose)
 
 
-def _keep_logs(flower: _LocalFlower, run_dir: Path) -> None:
-    """Copy the Flower logs into the run folder (if the run made one), else show their tail."""
-    if run_dir.is_dir():
-        shutil.copytree(flower.home / LOGS_DIR, run_dir / LOGS_DIR, dirs_exist_ok=True)
-    else:
-        log.warning("no run folder at %s; the SuperLink log ends with:\n%s", run_dir, flower.tail("superlink"))
+def _run_dir(run_config: dict[str, str]) -> Path | None:
+    """The run folder ``fedmech run`` chose (or resumes); None for a user's own app."""
+    folder = run_config.get("resume") or run_config.get("run-dir")
+    return Path(folder) if folder else None
+
+
+def _keep_logs(flower: _LocalFlower, run_dir: Path | None) -> None:
+    """Add the logs of this launch to the run folder's ``logs/`` (a resumed run's to those
+    of its earlier launches), else, when the run made no folder, show how the logs end."""
+    if run_dir is None:
+        return
+    if not run_dir.is_dir():
+        log.warning("no run folder at %s; flwr run's log ends with:\n%s\nand the SuperLink's with:\n%s", run_dir,
+                    flower.tail(RUN_LOG), flower.tail("superlink"))
+        return
+    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+    for source in sorted((flower.home / LOGS_DIR).glob("*.log")):
+        with open(run_dir / LOGS_DIR / source.name, "a") as out:
+            out.write(source.read_text(errors="replace"))
 
 
 def descendants(pid: int) -> list[int]:

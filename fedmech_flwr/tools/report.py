@@ -43,7 +43,17 @@ from fedmech_flwr import plugins
 from fedmech_flwr.config import differing_keys, flatten_plain, load_plugins
 from fedmech_flwr.errors import BadFileError, ConfigError
 from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, records_of
+from fedmech_flwr.outputs import (
+    ABSENT,
+    DEGENERATE_FRACTION,
+    Metric,
+    declarations,
+    declared,
+    latest,
+    lookup,
+    per_class_values,
+    records_of,
+)
 from fedmech_flwr.plotting import LevelPanel, band_plot, heatmap, level_plot
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
@@ -604,37 +614,53 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     return [(path, caption)]
 
 
+def per_class_metrics() -> dict[str, Metric]:
+    """The metrics the report draws per class: the global model's accuracy, and each
+    declared headline metric with per-class values."""
+    metrics = declared()
+    chosen = ["eval.accuracy"] + [f"{record}.{key}" for record, outputs in declarations().items()
+                                  for key in outputs.headline if record != "eval"]
+    return {key: metrics[key] for key in chosen if metrics[key].per_class}
+
+
 def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
-    """Last-round per-class recall (eval ``per_class_accuracy``), mean over seeds; groups
-    whose datasets name different classes go to different figures."""
-    columns: dict[tuple[str, ...], list[tuple[str, list[float]]]] = defaultdict(list)
-    for group in groups:
-        rows = []
-        for run in group.completed:
-            if evals := run.records_of("eval"):
-                last = max(evals, key=lambda r: r["round"])
-                rows.append([np.nan if v is None else v for v in last["per_class_accuracy"]])
-        if not rows:
-            continue
-        recall = np.array(rows, dtype=float)
-        names = group.completed[0].class_names or [str(c) for c in range(recall.shape[1])]
-        with np.errstate(all="ignore"):
-            mean = [float(np.nanmean(col)) if np.isfinite(col).any() else np.nan for col in recall.T]
-        flags = (stat := group.stats.get("eval.accuracy")) and _short_flags(stat)
-        columns[tuple(names)].append((group.label + (f" ⚑ {flags}" if flags else ""), mean))
+    """Per declared per-class metric (``per_class_metrics``): its last-round values per
+    class, mean over seeds, one column per group; groups whose datasets name different
+    classes go to different figures, a flagged group is labelled with its flag."""
     out = []
-    for index, (names, cols) in enumerate(columns.items(), 1):
-        chunks = _chunks(cols)
-        for part, chunk in enumerate(chunks, 1):
-            stem = "per_class_recall" if len(columns) == 1 else f"per_class_recall_{index}"
-            title = "Last-round per-class recall of the global model, mean over seeds"
-            matrix = np.array([values for _, values in chunk]).T
-            flagged = any("⚑" in label for label, _ in chunk)
-            path = heatmap(matrix, [_wrap(label, 24) for label, _ in chunk], list(names), title,
-                           plots / _file_name(stem, part, len(chunks)),
-                           notes=np.where(np.isfinite(matrix), "", "n/a"), xlabel="group",
-                           footnote=DEGENERATE_NOTE if flagged else None)
-            out.append((path, title + (f" ({part} of {len(chunks)})" if len(chunks) > 1 else "")))
+    for key, metric in per_class_metrics().items():
+        columns: dict[tuple[str, ...], list[tuple[str, list[float]]]] = defaultdict(list)
+        for group in groups:
+            rows = []
+            for run in group.completed:
+                if found := latest(metric, run.records):
+                    values = per_class_values(metric, found[0])
+                    rows += [values] if values is not None else []
+            if not rows:
+                continue
+            table = metric.display(np.array(rows, dtype=float))
+            names = group.completed[0].class_names or [str(c) for c in range(table.shape[1])]
+            with np.errstate(all="ignore"):
+                mean = [float(np.nanmean(col)) if np.isfinite(col).any() else np.nan for col in table.T]
+            flags = (stat := group.stats.get(key)) and _short_flags(stat)
+            columns[tuple(names)].append((group.label + (f" ⚑ {flags}" if flags else ""), mean))
+        is_recall = key == "eval.accuracy"
+        title = ("Last-round per-class recall of the global model" if is_recall
+                 else f"Last-round {metric.label} per class") + f" ({metric.unit}), mean over seeds"
+        scale = {"%": (0.0, 100.0, "viridis"), "pp": (-100.0, 100.0, "coolwarm")}.get(metric.unit)
+        for index, (names, cols) in enumerate(columns.items(), 1):
+            chunks = _chunks(cols)
+            for part, chunk in enumerate(chunks, 1):
+                stem = "per_class_recall" if is_recall else f"per_class_{key.replace('.', '_')}"
+                stem += "" if len(columns) == 1 else f"_{index}"
+                matrix = np.array([values for _, values in chunk]).T
+                vmin, vmax, cmap = scale or (float(np.nanmin(matrix)), float(np.nanmax(matrix)), "viridis")
+                flagged = any("⚑" in label for label, _ in chunk)
+                path = heatmap(matrix, [_wrap(label, 24) for label, _ in chunk], list(names), title,
+                               plots / _file_name(stem, part, len(chunks)), vmin=vmin, vmax=vmax, cmap=cmap,
+                               notes=np.where(np.isfinite(matrix), "", "n/a"), xlabel="group",
+                               footnote=DEGENERATE_NOTE if flagged else None, decimals=metric.decimals)
+                out.append((path, title + (f" ({part} of {len(chunks)})" if len(chunks) > 1 else "")))
     return out
 
 
@@ -1022,8 +1048,6 @@ def import_plugins(runs: list[Run], extra: list[str] = ()) -> list[str]:
             load_plugins(run.config, str(run.path / CONFIG_FILE))
         except ConfigError as err:
             problems[run.name] = f"{run.name}: {err}"
-    for problem in problems.values():
-        log.warning("%s; its plug-ins' metrics are left out of the report", problem)
     return list(problems.values())
 
 
@@ -1037,6 +1061,8 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     if not runs:
         raise ConfigError(f"no runs to report on in {', '.join(map(str, paths))}", "fedmech report")
     not_imported = import_plugins(runs, extra_plugins)
+    for problem in not_imported:
+        log.warning("%s; its plug-ins' metrics are left out of the report", problem)
     groups = make_groups(manifest, runs)
     metrics = declared()
     for group in groups:

@@ -337,7 +337,7 @@ class Manifest:
     """``sweep.json``: the cells this folder was asked to run and what became of them.
     Rewritten atomically on every change (worker threads share it)."""
 
-    def __init__(self, folder: Path, plan: Plan) -> None:
+    def __init__(self, folder: Path, plan: Plan, parallel: int = 1) -> None:
         self.path = folder / MANIFEST_FILE
         self.lock = threading.Lock()
         old = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": []}
@@ -356,7 +356,8 @@ class Manifest:
                     "overrides": cell.overrides, "config": config,
                 }
         self.header = {"file": str(plan.file), "base": str(plan.base), "name": plan.name, "preset": plan.preset,
-                       "doc": plan.doc, "seeds": plan.seeds, "axes": [a.name for a in plan.axes]}
+                       "doc": plan.doc, "seeds": plan.seeds, "axes": [a.name for a in plan.axes],
+                       "parallel": parallel}
         self.save()
 
     def update(self, name: str, **fields: Any) -> None:
@@ -406,11 +407,6 @@ def headline(run_dir: Path) -> str:
     return " | ".join(outputs.headline(records))
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def lock_holder(folder: Path) -> dict[str, Any] | None:
     """The live process (pid, host, since) whose ``sweep.lock`` holds ``folder``, or None
     (no lock, or a stale one: see ``run_folder.live_holder``)."""
@@ -418,13 +414,14 @@ def lock_holder(folder: Path) -> dict[str, Any] | None:
 
 
 def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool = False,
-              say: Callable[[str], None] = log.info) -> list[Outcome]:
+              say: Callable[[str], None] = log.info, verbose: bool = False) -> list[Outcome]:
     """Run the plan's cells that are not done yet, ``parallel`` at a time; ``say`` gets one
-    line per finished cell. Ctrl-C or SIGTERM stops every run the sweep started (the cells
+    line per finished cell; each cell's log gets its console lines (``verbose``: Flower's
+    whole log). Ctrl-C or SIGTERM stops every run the sweep started (the cells
     are resumed next time) and re-raises."""
     num_cpus = check_fits(plan.cells, parallel)
     with FolderLock(folder / LOCK_FILE, "run the same command again"):
-        manifest = Manifest(folder, plan)
+        manifest = Manifest(folder, plan, parallel)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
                    for c in plan.cells}
         counts = {a: sum(v == a for v in actions.values()) for a in ("skip", "start", "resume", "failed")}
@@ -435,11 +432,11 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
             if actions[cell.name] == "failed":
                 say(f"  failed before: {cell.name}: {manifest.cells[cell.name]['error']}")
         todo = [c for c in plan.cells if actions[c.name] in ("start", "resume")]
-        return _run_cells(todo, actions, plan, folder, manifest, parallel, num_cpus, say)
+        return _run_cells(todo, actions, plan, folder, manifest, parallel, num_cpus, say, verbose)
 
 
 def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Path, manifest: Manifest,
-               parallel: int, num_cpus: int | None, say: Callable[[str], None]) -> list[Outcome]:
+               parallel: int, num_cpus: int | None, say: Callable[[str], None], verbose: bool) -> list[Outcome]:
     stopping = threading.Event()
     (folder / LOGS_DIR).mkdir(exist_ok=True)
 
@@ -457,7 +454,7 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         start = time.monotonic()
         with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream:
             result = launch(run_config, cell.config.federation.num_clients, cell.config.simulation,
-                            num_cpus=num_cpus, stream=stream)
+                            num_cpus=num_cpus, stream=stream, verbose=verbose)
         seconds = time.monotonic() - start
         status = _folder_status(run_dir) or {"status": "missing"}
         if stopping.is_set() and status["status"] != "completed":
@@ -499,10 +496,10 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
 
 def _progress_line(outcome: Outcome, done: int, total: int, elapsed: float, run_dir: Path) -> str:
     """``[done/total] cell status in T | numbers | elapsed | ETA`` (from this invocation's pace)."""
-    line = f"[{done}/{total}] {outcome.cell.name} {outcome.status} in {_duration(outcome.seconds)}"
+    line = f"[{done}/{total}] {outcome.cell.name} {outcome.status} in {outputs.duration(outcome.seconds)}"
     if outcome.status == "completed":
         line += f" | {headline(run_dir)}"
     elif outcome.error:
         line += f": {outcome.error}"
     eta = elapsed / done * (total - done)
-    return f"{line} | elapsed {_duration(elapsed)} | ETA {_duration(eta) if done < total else '-'}"
+    return f"{line} | elapsed {outputs.duration(elapsed)} | ETA {outputs.duration(eta) if done < total else '-'}"

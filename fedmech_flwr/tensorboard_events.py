@@ -1,0 +1,61 @@
+"""A run's TensorBoard event files (``<run>/tensorboard/``), written from its declared outputs.
+
+Each round, every declared metric (``fedmech_flwr.outputs``) that the round's records
+hold becomes a scalar tagged ``RECORD/KEY`` (as a reader reads it: % and pp x 100);
+per-class values become one scalar per class under ``RECORD/KEY per class/CLASS``; and,
+since TensorBoard draws no flags, the flagged values of the round are listed in the text
+entry ``flags`` at that step. The run's config is the text entry ``config``; its plots
+become images at the end. ``tensorboard --logdir SWEEP_FOLDER`` shows every cell side by
+side. The config key ``tensorboard: false`` turns the files off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+
+from fedmech_flwr.outputs import declared, latest, per_class_values
+
+TENSORBOARD_DIR = "tensorboard"
+
+
+class EventFiles:
+    """The event files of one run folder."""
+
+    def __init__(self, run_dir: Path, config_yaml: str, class_names: Sequence[str]) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # imported only by runs that write them
+
+        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
+        self.class_names = list(class_names)
+        self.writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), 0)  # markdown: a code block
+
+    def round(self, server_round: int, records: list[dict[str, Any]]) -> None:
+        """The declared metrics of one round's records (those of other rounds are ignored)."""
+        flags = []
+        for key, metric in declared().items():
+            found = latest(metric, [r for r in records if r["round"] == server_round])
+            if found is None:
+                continue
+            record, value, flag = found
+            tag = key.replace(".", "/", 1)
+            if isinstance(value, float):
+                self.writer.add_scalar(tag, metric.display(value), server_round)
+            for name, class_value in zip(self.class_names, per_class_values(metric, record) or []):
+                if math.isfinite(class_value):
+                    self.writer.add_scalar(f"{tag} per class/{name}", metric.display(class_value), server_round)
+            if flag:
+                flags.append(f"{metric.label}: ⚑ {flag}")
+        if flags:
+            self.writer.add_text("flags", "; ".join(flags), server_round)
+        self.writer.flush()
+
+    def close(self, plots: Sequence[Path]) -> None:
+        """Add the run's plots as images, then close the files."""
+        for path in plots:
+            image = matplotlib.image.imread(path)
+            self.writer.add_image(f"plots/{path.stem}", image[..., :3], dataformats="HWC")
+        self.writer.close()

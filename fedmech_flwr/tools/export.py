@@ -1,0 +1,100 @@
+"""``fedmech export SWEEP_DIR | RUN_DIR ... --out FILE.csv``: every declared metric as one
+tidy (long) table, for ``pandas.read_csv`` and a groupby.
+
+One row per run x round x metric, and one more per class where the metric declares
+per-class values (``class`` empty on the overall row). Only declared metrics are exported
+(``fedmech_flwr.outputs``), so a plug-in's metrics come out with no edit here. Values are
+as a reader reads them (``Metric.display``: percent and percentage points for ``%`` and
+``pp``); an undefined value (null, NaN, a zero denominator) is an empty cell, never 0; a
+value its metric's validity rule flags carries the flag's text. Every run with records is
+exported whatever its status (the ``status`` column tells them apart).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.files import write_atomic
+from fedmech_flwr.outputs import Metric, declared, latest, per_class_values
+from fedmech_flwr.run_folder import METRICS_FILE, PARTITIONS_FILE, read_records
+from fedmech_flwr.tools.report import Run, import_plugins, read_inputs
+
+COLUMNS = ["seed", "status", "round", "record", "metric", "label", "unit", "class", "value", "flag"]
+"""The columns after ``run``, ``sweep`` and the sweep's axes."""
+
+
+def check_out(path: Path) -> None:
+    """Refuse an output the export cannot write, before any run is read."""
+    if path.suffix.lower() != ".csv":
+        why = "Parquet is not supported (fedmech does not depend on pyarrow)" if path.suffix.lower() == ".parquet" \
+            else "fedmech export writes CSV"
+        raise ConfigError(f"--out {path}: {why}; name a .csv file, e.g. --out {path.with_suffix('.csv')}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--out {path}: {path.parent} is not a folder; make it first, or write the CSV elsewhere")
+
+
+def _number(value: float | None, metric: Metric) -> str:
+    """A value as a reader reads it, to 12 significant digits (no float noise such as
+    30.000000000000004); empty when undefined."""
+    return repr(float(f"{metric.display(value):.12g}")) if value is not None and math.isfinite(value) else ""
+
+
+def _fill(run: Run) -> None:
+    """Read the records and class names of a run that did not complete (``read_inputs``
+    reads them for completed runs only): a failed or running run's rounds are exported too."""
+    if run.status != "completed" and (run.path / METRICS_FILE).is_file():
+        run.records = read_records(run.path)
+        parts = run.path / PARTITIONS_FILE
+        run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
+
+
+def run_rows(run: Run, head: dict[str, Any], metrics: dict[str, Metric]) -> list[dict[str, Any]]:
+    """The rows of one run, ordered by round, then the declared order of the metrics;
+    ``head`` holds the run's ``run``, ``sweep`` and axis columns."""
+    rows, names = [], run.class_names or []
+    measured = sorted(((record, key) for key, metric in metrics.items()
+                       for record in run.records_of(metric.record)), key=lambda pair: pair[0]["round"])
+    for record, key in measured:
+        metric = metrics[key]
+        if (found := latest(metric, [record])) is None:  # this record does not hold it
+            continue
+        _, value, flag = found
+        row = {**head, "seed": run.seed, "status": run.status, "round": record["round"], "record": metric.record,
+               "metric": key, "label": metric.label, "unit": metric.unit, "class": "",
+               "value": _number(value, metric), "flag": flag or ""}
+        rows.append(row)
+        for index, class_value in enumerate(per_class_values(metric, record) or []):
+            rows.append({**row, "class": names[index] if index < len(names) else index,
+                         "value": _number(class_value, metric)})
+    return rows
+
+
+def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[str], list[dict[str, Any]], list[str]]:
+    """The columns and rows of a sweep folder or run folders, with one line per run whose
+    recorded plug-ins cannot be imported here (their metrics are left out)."""
+    manifest, runs = read_inputs([Path(p).expanduser().resolve() for p in paths])
+    not_imported = import_plugins(runs, extra_plugins)
+    axes = list(manifest.get("axes") or dict.fromkeys(a for r in runs for a in r.axes)) if manifest else []
+    metrics = declared()
+    rows = []
+    for run in runs:
+        _fill(run)
+        head = {"run": run.name, "sweep": manifest.get("name", "") if manifest else "",
+                **{axis: run.axes.get(axis, "") for axis in axes}}
+        rows += run_rows(run, head, metrics)
+    return ["run", "sweep", *axes, *COLUMNS], rows, not_imported
+
+
+def write_csv(columns: list[str], rows: list[dict[str, Any]], path: Path) -> Path:
+    """Write the table atomically (a reader never sees half a file)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+    return write_atomic(path, write)
