@@ -35,7 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FEDMECH = [sys.executable, "-m", "fedmech_flwr.tools.cli"]
-LONE = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=1"]
+LONE = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=1", "--verbose"]
+"""Verbose: the phases are read from Flower's log lines, which the quiet console leaves out."""
 SWEEP = ["sweep", "experiments/smoke_sweep.yaml", "--preset", "quick", "--only", "strategy+client=fedavg",
          "--only", "data.partition=iid"]
 """The 1-round smoke sweep's IID FedAvg cells, one per seed (``--seeds``)."""
@@ -93,7 +94,7 @@ def sweep_cells(out: Path, cells: int) -> list[dict[str, float]]:
     manifest = json.loads((folder / "sweep.json").read_text())["cells"]
     rows = []
     for cell in manifest:
-        strategy = strategy_seconds((folder / "logs" / f"{cell['name']}.log").read_text())
+        strategy = strategy_seconds((folder / cell["run_dir"] / "logs" / "flwr_run.log").read_text())
         rows.append({"wall": cell["seconds"], "strategy": strategy, "fixed": cell["seconds"] - strategy})
     return rows
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.misalignment import OUTPUTS
-from fedmech_flwr.commands import COMMANDS, Command
+from fedmech_flwr.commands import COMMANDS, Command, Help
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, lookup
 from fedmech_flwr.run_folder import CONFIG_FILE, read_records
@@ -126,5 +126,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.register("misalignment-table")(Command("print the global / probe / realigned table of run folders",
-                                                add_arguments, run))
+COMMANDS.register("misalignment-table")(Command(Help(
+    "print the global / probe / realigned table of run folders",
+    "Print, as Markdown, one row per run from its misalignment records at the last round (or --round N): every "
+    "metric the diagnostic declares (the global model's, the probe's, the realigned and data-free heads' test "
+    "accuracy, the probe and realigned gaps), each flagged value marked; with an IID run among them, each gap "
+    "beyond the IID run's (what label skew adds).",
+    ("0  printed", "2  a run without misalignment records, or without the round asked for"),
+    ("fedmech misalignment-table ~/fedmech-runs/misalign-iid-* ~/fedmech-runs/misalign-a0.05-*",
+     "fedmech misalignment-table RUN_DIR --round 10")), add_arguments, run))

@@ -2,9 +2,10 @@
 
 A plug-in registers a ``Command`` under its subcommand name; ``fedmech_flwr.tools.cli`` loads the
 plug-ins, then adds every registered command to its parser. The core never imports the
-plug-in that provides a command.
+plug-in that provides a command. A command's ``Help`` is what the built-in ones have:
 
-    COMMANDS.register("usae")(Command("train a universal SAE", add_arguments, run))
+    COMMANDS.register("usae")(Command(Help("train a universal SAE", "Train ...", ("0  written", "2  bad input"),
+                                           ("fedmech usae RUN_A RUN_B --layer conv3", "...")), add_arguments, run))
 """
 
 from __future__ import annotations
@@ -17,9 +18,20 @@ from fedmech_flwr.registry import Registry
 
 
 @dataclass(frozen=True)
+class Help:
+    """A subcommand's help: one line for ``fedmech --help``; a paragraph, its exit codes
+    and two examples for ``fedmech NAME --help``."""
+
+    line: str
+    paragraph: str
+    exits: tuple[str, ...]
+    """``"0  what exit 0 means"``, one per code."""
+    examples: tuple[str, str]
+
+
+@dataclass(frozen=True)
 class Command:
-    help: str
-    """One line for ``fedmech --help``."""
+    help: Help
     add_arguments: Callable[[argparse.ArgumentParser], None]
     """Adds the subcommand's arguments to its parser."""
     run: Callable[[argparse.Namespace], int]

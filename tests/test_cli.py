@@ -360,13 +360,17 @@ def test_version_names_the_package_and_what_it_runs_on(capsys):
 
 
 def test_every_subcommand_describes_itself_its_exit_codes_and_two_examples(capsys):
+    """The built-in ones and those plug-ins register (``usae``, ``misalignment-table``)."""
+    from fedmech_flwr.commands import COMMANDS
     from fedmech_flwr.tools.cli import HELP, build_parser
 
     with pytest.raises(SystemExit):
         main(["--help"])
     top = capsys.readouterr().out
-    for name, text in HELP.items():
-        assert re.search(rf"^    {re.escape(name)}\s", top, re.M), name  # one line each in the top-level help
+    registered = {name: COMMANDS.get(name).factory.help for name in COMMANDS.names()}
+    assert {"usae", "misalignment-table"} <= set(registered)
+    for name, text in {**HELP, **registered}.items():
+        assert re.search(rf"^    {re.escape(name)}\s", top, re.M), name  # listed in the top-level help
         with pytest.raises(SystemExit):
             build_parser().parse_args([name, "--help"])
         page = capsys.readouterr().out

@@ -123,7 +123,8 @@ def test_deploy_local_with_tls_and_auth_refuses_an_unregistered_node(tmp_path):
     assert intruder.returncode != 0
     assert "Failed to activate SuperNode" in intruder_log.read_text()
     assert "No SuperNode found with the given public key" in (run_dir / LOGS_DIR / "superlink.log").read_text()
-    assert sorted(p.name for p in (run_dir / LOGS_DIR).iterdir()) == ["superlink.log", "supernode_0.log", "supernode_1.log"]
+    assert sorted(p.name for p in (run_dir / LOGS_DIR).iterdir()) == ["flwr_run.log", "superlink.log", "supernode_0.log",
+                                                                  "supernode_1.log"]
     assert not processes_mentioning(f"127.0.0.1:{port}"), "deploy-local left Flower processes behind"
 
 

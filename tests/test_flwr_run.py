@@ -71,7 +71,7 @@ def test_a_failed_run_is_reported_as_failed(tmp_path):
     assert done.returncode == 1, done.stdout[-4000:]
     (run_dir,) = list(tmp_path.iterdir())
     last = done.stderr.strip().splitlines()[-1]  # the server's error reached the user, in one line
-    assert re.match(r"failed: round 1: client \d failed \(non-finite weights in ", last) and "--resume" in last
+    assert re.match(r"failed: ClientFailure: round 1: client \d failed \(non-finite weights in ", last) and "--resume" in last
     assert read_status(run_dir)["status"] == "failed"
 
 

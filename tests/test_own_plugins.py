@@ -218,6 +218,41 @@ def test_a_sweep_honours_its_base_experiments_plugins(plugin_site, tmp_path, cap
     assert "cannot import plug-in module 'lab16.absent'" in err and err.rstrip().endswith(f" in {base}: plugins[0]")
 
 
+# --- a plug-in that fails ------------------------------------------------------------------
+
+BROKEN_DIAGNOSTIC = '''from dataclasses import dataclass
+
+from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic
+
+
+@dataclass
+class RatioConfig:
+    pass
+
+
+@DIAGNOSTICS.register("lab_ratio", RatioConfig)
+class Ratio(Diagnostic):
+    def server_side(self, state):
+        return 1 / 0
+'''
+
+
+def test_a_failing_plugin_is_named_with_its_round_and_line_in_one_line(plugin_site, tmp_path):
+    """status.json says where the run failed: the round, the plug-in module and file:line,
+    the error; and that resuming can help once the plug-in is fixed."""
+    (plugin_site / LAB).mkdir()
+    (plugin_site / LAB / "__init__.py").write_text("")
+    (plugin_site / LAB / "ratio.py").write_text(BROKEN_DIAGNOSTIC)
+    cfg = load_experiment(experiment(tmp_path, plugins=[f"{LAB}.ratio"], diagnostics=[{"name": "lab_ratio"}]))
+    with pytest.raises(ZeroDivisionError):
+        run_in_process(cfg, tmp_path / "out")
+    (run,) = (tmp_path / "out").iterdir()
+    status = read_status(run)
+    where = f"{plugin_site / LAB / 'ratio.py'}:14"  # the line of 1 / 0
+    assert status["error"] == f"round 1, in {LAB}.ratio ({where}): ZeroDivisionError: division by zero"
+    assert (status["status"], status["resumable"]) == ("failed", True)
+
+
 # --- a node that lacks a plug-in -------------------------------------------------------------
 
 def lacking_on(partition: int, module: str) -> ClientApp:

@@ -461,18 +461,27 @@ def test_an_all_empty_circuit_round_is_flagged_and_satisfies_no_bound(tmp_path):
     assert "intra-client" in md and "0.60 ± 0.00 (n=2), 4 empty |" in md  # 2 of 3 empty: not mostly
 
 
-def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatch):
-    """``fedmech plot``'s accuracy curve writes the flag at each round where the global
-    model predicts one class, with the rule under the axes."""
+def spy_line_plots(monkeypatch) -> dict[str, dict]:
+    """The keyword arguments of every line plot drawn from now on, by title."""
     from fedmech_flwr import plotting
 
     drawn = {}
     real = plotting.line_plot
+
     def line_plot(lines, title, *args, **kwargs):
         drawn[title] = kwargs
         return real(lines, title, *args, **kwargs)
 
     monkeypatch.setattr(plotting, "line_plot", line_plot)
+    return drawn
+
+
+def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatch):
+    """``fedmech plot``'s accuracy curve writes the flag at each round where the global
+    model predicts one class, with the rule under the axes."""
+    from fedmech_flwr import plotting
+
+    drawn = spy_line_plots(monkeypatch)
     plotting.plot_run(write_run(tmp_path / "run", config(0), accuracy=0.25, collapsed=True))
     accuracy = drawn["Accuracy over rounds"]
     assert accuracy["notes"] == {"global model (test)": {r: "⚑ one class 100%" for r in (0, 1, 2)}}
@@ -509,14 +518,7 @@ def test_a_real_runs_flags_travel_with_its_values_to_every_output(case, tmp_path
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("round 1/1 |"))
     assert all(text in line for text in shown), line
     assert all(text in headline(run) for text in shown)
-    drawn = {}
-    real = plotting.line_plot
-
-    def line_plot(lines, title, *args, **kwargs):
-        drawn[title] = kwargs
-        return real(lines, title, *args, **kwargs)
-
-    monkeypatch.setattr(plotting, "line_plot", line_plot)
+    drawn = spy_line_plots(monkeypatch)
     plotting.plot_run(run)
     assert drawn["Accuracy over rounds"]["notes"]["global model (test)"][1].startswith("⚑ one class")
     write_report([run], tmp_path / "report")

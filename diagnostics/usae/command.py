@@ -41,7 +41,7 @@ import numpy as np
 from diagnostics.usae.analysis import PRESETS, analyse, overlap_summary, plot_usae
 from diagnostics.usae.model import USAEConfig, save_usae
 from diagnostics.usae.sources import Source, load_source_model, parse_source, unique_names
-from fedmech_flwr.commands import COMMANDS, Command
+from fedmech_flwr.commands import COMMANDS, Command, Help
 from fedmech_flwr.config import apply_overrides
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import audit_indices, load_data
@@ -168,5 +168,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.register("usae")(Command("train a universal sparse autoencoder over saved models and measure it",
-                                  add_arguments, run))
+COMMANDS.register("usae")(Command(Help(
+    "train a universal sparse autoencoder over saved models and measure it",
+    "Train one universal sparse autoencoder (USAE) on the activations of a layer of two or more saved models "
+    "(run folders, a round's checkpoint, or a config with weights) on the same images, and measure which "
+    "concepts the models share and which are unique, next to a null control (the first model against itself) "
+    "and a seed control (the USAE trained again from another seed). Writes the USAE, metrics.json, config.json "
+    "and plots.",
+    ("0  written", "2  bad input (sources, layer, sizes), refused before training"),
+    ("fedmech usae RUN_IID RUN_SKEWED --layer conv3 --out usae/",
+     "fedmech usae RUN_DIR@5 RUN_DIR@20 --layer conv2 --preset paper --split test")), add_arguments, run))

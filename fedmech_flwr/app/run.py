@@ -161,12 +161,11 @@ class Run:
         return Flower's ``Result``. ``train_config``, ``evaluate_config`` and
         ``evaluate_fn`` are a user's own Flower app's, passed on to Flower's loop (their
         ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
-        inputs, fed = self.inputs, self.cfg.federation
         self._started = time.monotonic()
         folder = self.folder = self._open_folder()
         if self.cfg.tensorboard:
-            self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
-                                     inputs.class_names)
+            self.events = EventFiles(folder.path, yaml.safe_dump(self.inputs.recorded_config, sort_keys=False),
+                                     self.inputs.class_names)
         try:
             return self._rounds(grid, initial, train_config, evaluate_config, evaluate_fn)
         finally:
@@ -175,7 +174,7 @@ class Run:
 
     def _rounds(self, grid: Grid, initial: NamedArrays, train_config: ConfigRecord | None,
                 evaluate_config: ConfigRecord | None, evaluate_fn: Evaluate | None) -> Result:
-        """The module docstring's steps 1 (but the folder's making) to 4."""
+        """The run's steps once its folder exists (the module docstring's 1 to 4)."""
         inputs, fed, folder = self.inputs, self.cfg.federation, self.folder
         with completing(folder, lambda: self.protocol.current.server_round if self.protocol else None):
             point = self._resume_point(initial) if inputs.resume else None

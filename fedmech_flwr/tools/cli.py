@@ -33,11 +33,10 @@ import signal
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from fedmech_flwr import plugins
-from fedmech_flwr.commands import COMMANDS
+from fedmech_flwr.commands import COMMANDS, Help
 from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
 from fedmech_flwr.experiment import load_experiment
@@ -400,17 +399,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-@dataclass(frozen=True)
-class Help:
-    """A subcommand's help: one line for ``fedmech --help``, a paragraph, its exit codes
-    and two examples for ``fedmech NAME --help``."""
-
-    line: str
-    paragraph: str
-    exits: tuple[str, ...]
-    examples: tuple[str, str]
-
-
 HELP = {
     "run": Help(
         "run an experiment with flwr run (local simulation on Ray)",
@@ -503,9 +491,9 @@ HELP = {
 """Every built-in subcommand's help, in the order ``fedmech --help`` lists them."""
 
 
-def _add_command(sub, name: str, fn) -> argparse.ArgumentParser:
-    """The subparser of ``name`` with its ``HELP``."""
-    text = HELP[name]
+def _add_command(sub, name: str, fn, text: Help | None = None) -> argparse.ArgumentParser:
+    """The subparser of ``name`` with its help (``HELP[name]`` for a built-in command)."""
+    text = text or HELP[name]
     epilog = "exit codes:\n" + "\n".join(f"  {line}" for line in text.exits)
     epilog += "\n\nexamples:\n" + "\n".join(f"  {line}" for line in text.examples)
     p = sub.add_parser(name, help=text.line, description=textwrap.fill(text.paragraph, 88), epilog=epilog,
@@ -606,9 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
     for name in COMMANDS.names():
         command = COMMANDS.get(name).factory
-        p = sub.add_parser(name, help=command.help, description=command.help)
-        command.add_arguments(p)
-        p.set_defaults(fn=command.run)
+        command.add_arguments(_add_command(sub, name, command.run, command.help))
     return parser
 
 
