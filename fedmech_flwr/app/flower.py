@@ -108,7 +108,8 @@ class WithDiagnostics(Strategy):
     config : mapping, FlowerAppConfig, or a YAML file's path
         ``FlowerAppConfig``'s keys: ``name``, ``seed``, ``federation`` (``num_clients`` is
         required in practice: the SuperNodes to wait for), ``diagnostics`` (a list written as
-        in an experiment, e.g. ``[{name: circuits, every: 1}]``), ``output_root``, ``device``.
+        in an experiment, e.g. ``[{name: circuits, every: 1}]``), ``output_root``, ``device``,
+        ``tensorboard``.
         ``num_classes`` comes from the model.
     test : (images, labels)
         The server's test set: the global model's eval record every round, and the
