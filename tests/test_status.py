@@ -101,6 +101,8 @@ def test_bad_input_exits_2_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is neither a run folder (status.json, config.yaml and metrics.jsonl" in err and "sweep.json" in err
     assert len(err.strip().splitlines()) == 1
+    assert main(["status", str(tmp_path / "gone")]) == 2
+    assert f"{tmp_path / 'gone'} does not exist" in capsys.readouterr().err
     run = write_run(tmp_path / "run")
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")

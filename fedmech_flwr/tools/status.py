@@ -267,4 +267,6 @@ def look(path: str | Path) -> tuple[RunState | SweepState, str]:
     if (path / STATUS_FILE).is_file():
         run = read_run(path)
         return run, run_text(path, run)
+    if not path.exists():
+        raise RunFolderError(f"{path} does not exist; give a run folder or a sweep folder")
     raise RunFolderError(f"{path} {NOT_A_FOLDER}")
