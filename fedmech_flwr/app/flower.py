@@ -277,6 +277,14 @@ class _Node:
     def model(self, context: Context, arrays: ArrayRecord, device: torch.device) -> FedMechModel:
         return _holding(self.model_builder(context), from_record(arrays), device)
 
+    def round(self, context: Context, config: ConfigRecord) -> NodeRound:
+        """This node's round, for the server's settings in ``config``."""
+        cfg = _settings(str(config[CONFIG_KEY]))
+        device = resolve_device(cfg.device)
+        pid, _ = node_partition(context, _PARTITION_NEEDED)
+        x, y = self.data(context, device)
+        return NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
+
 
 def attach_diagnostics(app: ClientApp, model_builder: NodeModelBuilder, train_data: TrainData) -> ClientApp:
     """Give your ClientApp the client side of ``WithDiagnostics``; returns ``app``.
@@ -319,22 +327,13 @@ def _train_then_diagnose(train: Callable[[Message, Context], Message], node: _No
     config = next((c for c in msg.content.config_records.values() if CONFIG_KEY in c), None)
     if reply.has_error() or config is None:
         return reply
-    cfg = _settings(str(config[CONFIG_KEY]))
-    device = resolve_device(cfg.device)
-    pid, _ = node_partition(context, _PARTITION_NEEDED)
+    here = node.round(context, config)
     (sent,), (trained,) = msg.content.array_records.values(), reply.content.array_records.values()
-    x, y = node.data(context, device)
-    here = NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
-    reply.content[REPORT_KEY] = here.train_report(node.model(context, sent, device), node.model(context, trained, device),
-                                                  {})
+    reply.content[REPORT_KEY] = here.train_report(node.model(context, sent, here.device),
+                                                  node.model(context, trained, here.device), {})
     return reply
 
 
 def _diagnose(node: _Node, msg: Message, context: Context) -> Message:
-    config = msg.content["config"]
-    cfg = _settings(str(config[CONFIG_KEY]))
-    device = resolve_device(cfg.device)
-    pid, _ = node_partition(context, _PARTITION_NEEDED)
-    x, y = node.data(context, device)
-    here = NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
-    return here.diagnose_reply(msg, node.model(context, msg.content["arrays"], device))
+    here = node.round(context, msg.content["config"])
+    return here.diagnose_reply(msg, node.model(context, msg.content["arrays"], here.device))
