@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import sysconfig
 import shutil
 import socket
 import subprocess
@@ -94,20 +95,22 @@ def test_hanging_client_is_dropped_after_the_round_timeout(tmp_path):
     assert [r["partition_id"] for r in read_records(run, "client") if r["round"] == 2] == [0, 1]
 
 
+SITE = sysconfig.get_paths()["purelib"]
+"""This interpreter's site-packages: a library's frames, which no failure is put down to."""
 RAY_REASON = (
     "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
     "(pid=81433, ip=10.0.0.5, actor_id=6d4f0c1e2b8a7f5e3c9d01a4000000, repr=<flwr.simulation.ray_transport."
     "ray_actor.ClientAppActor object at 0x7f3a5c2e1d90>)\n"
-    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", '
+    f'  File "{SITE}/flwr/simulation/ray_transport/ray_actor.py", '
     "line 60, in run\n    out_message = app(message=message, context=context)\n"
-    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/clientapp/client_app.py", line 174, in __call__\n'
+    f'  File "{SITE}/flwr/clientapp/client_app.py", line 174, in __call__\n'
     "    return self._call(message, context)\n"
-    '  File "/work/main/fedmech_flwr/app/client_app.py", line 131, in train\n'
+    f'  File "{REPO}/fedmech_flwr/app/client_app.py", line 131, in train\n'
     "    new_params, num_examples, client_metrics = client.fit(params, {**fit_config})\n"
     f'  File "{REPO}/clients/plain.py", line 40, in fit\n    raise RuntimeError("CUDA out of memory")\n'
     "RuntimeError: CUDA out of memory\n\nThe above exception was the direct cause of the following exception:\n\n"
     "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=81433, ip=10.0.0.5, actor_id=6d4f0c1e2b8a7f5e3c9d01a4000000)\n"
-    '  File "/work/main/.venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", '
+    f'  File "{SITE}/flwr/simulation/ray_transport/ray_actor.py", '
     "line 65, in run\n    raise ClientAppException(str(ex)) from ex\n"
     "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException occurred. "
     "Message: CUDA out of memory'>"
