@@ -1,12 +1,13 @@
 """What a run records, declared by whoever records it.
 
 Each metric has its key path in the record, a label, a unit (which fixes its scale), which
-direction is better, where its per-class values are, and a validity rule (``flag``): when its value must not be read as a measurement (a one-class
-predictor, ``one_class`` here; a diagnostic's own, such as mostly empty circuits or a USAE
-that did not fit, in its package). Every output that shows a metric (the report's tables,
-curves, skew figure and published-value checks, the sweep's progress line) reads these
-declarations, so a diagnostic or strategy a user writes shows up there without a core
-edit.
+direction is better, where its per-class values are, and a validity rule (``flag``): when
+its value must not be read as a measurement (a one-class predictor, ``one_class`` here; a
+diagnostic's own, such as mostly empty circuits or a USAE that did not fit, in its
+package). Every output that shows a metric (the console's round line, the run plots, the
+sweep's progress line, ``fedmech status``, the report, ``fedmech export``, the TensorBoard
+event files) reads these declarations, so a diagnostic or strategy a user writes shows up
+there without a core edit.
 
 The global model's ``eval`` record is declared here (``EVAL``); a diagnostic or a strategy
 declares its records where it registers (``DIAGNOSTICS.register(name, Config,
@@ -108,7 +109,9 @@ def per_class_values(metric: Metric, record: dict[str, Any]) -> list[float] | No
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
-    return [math.nan if v is None else float(v) for v in value] if metric.per_class and isinstance(value, list) else None
+    if not metric.per_class or not isinstance(value, list):
+        return None
+    return [math.nan if v is None else float(v) for v in value]
 
 
 def records_of(records: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
