@@ -34,10 +34,10 @@ class EventFiles:
         self.writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), 0)  # markdown: a code block
 
     def round(self, server_round: int, records: list[dict[str, Any]]) -> None:
-        """The declared metrics of one round's records (those of other rounds are ignored)."""
+        """The declared metrics of the records of round ``server_round`` (``RunFolder.recent``)."""
         flags = []
         for key, metric in declared().items():
-            found = latest(metric, [r for r in records if r["round"] == server_round])
+            found = latest(metric, records)
             if found is None:
                 continue
             record, value, flag = found

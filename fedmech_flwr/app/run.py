@@ -163,12 +163,9 @@ class Run:
         ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
         self._started = time.monotonic()
         folder = self.folder = self._open_folder()
-        if self.cfg.tensorboard:
-            self.events = EventFiles(folder.path, yaml.safe_dump(self.inputs.recorded_config, sort_keys=False),
-                                     self.inputs.class_names)
         try:
             return self._rounds(grid, initial, train_config, evaluate_config, evaluate_fn)
-        finally:
+        finally:  # after the plots, which ``completing`` draws
             if self.events:
                 self.events.close(sorted((folder.path / PLOTS_DIR).glob("*.png")))
 
@@ -177,6 +174,9 @@ class Run:
         """The run's steps once its folder exists (the module docstring's 1 to 4)."""
         inputs, fed, folder = self.inputs, self.cfg.federation, self.folder
         with completing(folder, lambda: self.protocol.current.server_round if self.protocol else None):
+            if self.cfg.tensorboard:
+                self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
+                                         inputs.class_names)
             point = self._resume_point(initial) if inputs.resume else None
             if not inputs.resume:
                 folder.write_config(inputs.recorded_config)
@@ -392,7 +392,7 @@ def _fail(folder: RunFolder, err: BaseException, server_round: int | None, conte
     interrupted."""
     try:
         folder.set_status("failed", context + failure_text(err, server_round),
-                          resumable=not isinstance(err, NOT_RESUMABLE + (KeyboardInterrupt,)))
+                          resumable=not isinstance(err, NOT_RESUMABLE))
     except OSError as status_err:
         log.error("could not record the failure in %s (%s): %s", folder.path, status_err, err)
 
