@@ -60,10 +60,10 @@ def heatmap(
     matrix: np.ndarray, rounds: list[int], row_labels: list[str], title: str, path: Path,
     vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis",
     notes: np.ndarray | None = None, hatch: np.ndarray | None = None, xlabel: str = "round",
-    footnote: str | None = None, decimals: int = 2,
+    footnote: str | None = None, decimals: int = 2, signed: bool = False,
 ) -> Path:
     """Rows x rounds (or other columns, named by ``xlabel``), each cell labelled with its
-    value (``decimals`` places); NaN cells (undefined) are grey. ``notes`` (strings, the matrix's shape) are
+    value (``decimals`` places, with its sign when ``signed``: differences); NaN cells (undefined) are grey. ``notes`` (strings, the matrix's shape) are
     written under a cell's value, or alone in a grey cell; cells where ``hatch`` is True
     are hatched (values to read with care, such as IoUs that rest on empty circuits);
     ``footnote`` goes under the axes."""
@@ -85,7 +85,8 @@ def heatmap(
         if np.isfinite(v):
             red, green, blue, _ = im.cmap(im.norm(v))
             dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # the cell's luminance
-            text, colour = f"{v:.{decimals}f}" + (f"\n{note}" if note else ""), "white" if dark else "black"
+            text, colour = f"{v:{'+' if signed else ''}.{decimals}f}" + (f"\n{note}" if note else ""), \
+                "white" if dark else "black"
         else:
             text, colour = note, "black"
         if text:

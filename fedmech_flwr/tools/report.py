@@ -659,7 +659,8 @@ def plot_per_class(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
                 path = heatmap(matrix, [_wrap(label, 24) for label, _ in chunk], list(names), title,
                                plots / _file_name(stem, part, len(chunks)), vmin=vmin, vmax=vmax, cmap=cmap,
                                notes=np.where(np.isfinite(matrix), "", "n/a"), xlabel="group",
-                               footnote=DEGENERATE_NOTE if flagged else None, decimals=metric.decimals)
+                               footnote=DEGENERATE_NOTE if flagged else None, decimals=metric.decimals,
+                               signed=metric.unit == "pp")
                 out.append((path, title + (f" ({part} of {len(chunks)})" if len(chunks) > 1 else "")))
     return out
 
