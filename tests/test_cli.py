@@ -214,7 +214,7 @@ def test_bad_files_and_names_are_refused_in_one_line_before_anything_starts(comm
     import fedmech_flwr.tools.sweep as sweep
 
     monkeypatch.setattr(cli, "launch", _no_launch)
-    monkeypatch.setattr(sweep, "launch", _no_launch)
+    monkeypatch.setattr(sweep, "WarmSimulations", _no_launch)
     files = tmp_path / "files"
     files.mkdir()
     path = write(files)

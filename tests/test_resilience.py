@@ -12,10 +12,10 @@ import logging
 import math
 import os
 import re
-import sysconfig
 import shutil
 import socket
 import subprocess
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 

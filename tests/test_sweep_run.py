@@ -1,13 +1,13 @@
 """``fedmech sweep`` through real ``flwr run``: a 2-axis x 2-seed sweep on synthetic data,
 stopped with SIGTERM, continued, killed with SIGKILL, continued again, must end as the
-same sweep run uninterrupted (two cells at a time): cells, records, weights and report.
-
-About 4-5 minutes on 2 cores (each cell starts its own SuperLink and Ray).
+same sweep run uninterrupted (two cells at a time): cells, records, weights and report;
+and each cell as a lone ``fedmech run`` of it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -92,3 +92,21 @@ def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(refere
     assert summary == json.loads((tmp_path / "report-reference" / "summary.json").read_text())
     assert [g["completed"] for g in summary["groups"]] == [2, 2]
 
+
+
+def test_warm_cells_end_as_lone_runs_of_the_same_cells(reference, tmp_path):
+    """A sweep's worker runs its cells on one SuperLink and Ray (two workers, two cells
+    each here); each cell is still its own Flower run and ends bitwise as a lone ``fedmech
+    run`` of its settings (records and weights), at both seeds."""
+    manifest = json.loads((reference / "sweep.json").read_text())
+    superlinks = {re.search(r"Using SuperLink: \S+ \((\S+)\)", (reference / "runs" / c / "logs" / "flwr_run.log")
+                            .read_text()).group(1) for c in CELLS}
+    assert len(superlinks) == 2, superlinks
+    for cell in (c for c in manifest["cells"] if c["name"] in CELLS[:2]):
+        out = tmp_path / cell["name"]
+        sets = [arg for item in cell["overrides"] for arg in ("--set", item)]
+        done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "run", manifest["base"], *sets,
+                               "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        (lone,) = out.iterdir()
+        assert_same_run(reference / "runs" / cell["name"], lone)

@@ -2,8 +2,10 @@
 
 Two engines, one machinery:
 
-- ``launch``: a ``flower-superlink --simulation`` (Ray runs the clients; or an existing
-  Ray cluster when ``simulation.ray_address`` is set);
+- ``launch`` and ``Simulation``: a ``flower-superlink --simulation`` and a private Ray
+  head (or an existing Ray cluster when ``simulation.ray_address`` is set), started side
+  by side; a sweep keeps one ``Simulation`` warm for many runs, each still its own Flower
+  run with its own run id;
 - ``deploy_local``: the Deployment Engine on localhost, a ``flower-superlink`` and N
   ``flower-supernode`` processes (each told its partition, or its own data, through
   ``--node-config``), optionally with TLS and SuperNode authentication.
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +53,7 @@ QUIET_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # a submitted run starts within 0.1 s (default: 1 s)
     "RAY_USAGE_STATS_ENABLED": "0",
     "PYTHONUNBUFFERED": "1",
 }
@@ -69,6 +73,11 @@ LONG_LINE = 300
 OWN_LINE = re.compile(r"^fedmech (INFO|WARNING|ERROR): (.*)$")
 NODES_TIMEOUT_S = 120.0
 """How long ``deploy_local`` waits for its SuperNodes to come online."""
+RAY_TIMEOUT_S = 120.0
+"""How long a run waits for its private Ray head to start."""
+RAY_READY = "Ray runtime started"
+APP_SUFFIXES = {".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"}
+"""What Flower puts in an app bundle (besides a root ``LICENSE``); ``stage_app`` copies these."""
 
 
 @dataclass
@@ -166,7 +175,7 @@ class _LocalFlower:
     """A private FLWR_HOME with one SuperLink connection, its environment, and every
     process started in it (``close`` stops them all).
 
-    Ray, if a simulation starts it, is private too (its own RAY_TMPDIR), unless
+    A simulation's Ray is private too (its own RAY_TMPDIR; ``start_ray_head``), unless
     ``ray_address`` names a cluster: then ``ray.init`` gets it as ``RAY_ADDRESS`` (Flower's
     backend config has no address field) and the user's RAY_TMPDIR, where ``ray start``
     left the address that ``auto`` looks up.
@@ -174,6 +183,9 @@ class _LocalFlower:
 
     def __init__(self, home: Path, port: int, ca: Path | None = None, ray_address: str | None = None) -> None:
         self.home, self.port, self.ca = home, port, ca
+        self.ray_head: subprocess.Popen | None = None
+        self.staged: dict[Path, Path] = {}
+        self.closed = False
         self.reaper = start_reaper(home)
         (home / LOGS_DIR).mkdir()
         tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
@@ -197,6 +209,64 @@ class _LocalFlower:
 
     def log_file(self, name: str) -> Path:
         return self.home / LOGS_DIR / f"{name}.log"
+
+    def log_sizes(self) -> dict[str, int]:
+        """How far each log has been written: ``keep_logs`` copies what comes after."""
+        return {p.name: p.stat().st_size for p in (self.home / LOGS_DIR).glob("*.log")}
+
+    def keep_logs(self, run_dir: Path | None, since: dict[str, int]) -> None:
+        """Add what the logs gained since ``since`` to the run folder's ``logs/`` (a resumed
+        run's to those of its earlier launches), else, when the run made no folder, show
+        how the logs end."""
+        if run_dir is None:
+            return
+        if not run_dir.is_dir():
+            log.warning("no run folder at %s; flwr run's log ends with:\n%s\nand the SuperLink's with:\n%s", run_dir,
+                        self.tail(RUN_LOG), self.tail("superlink"))
+            return
+        (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+        for source in sorted((self.home / LOGS_DIR).glob("*.log")):
+            with open(source, "rb") as new, open(run_dir / LOGS_DIR / source.name, "ab") as out:
+                new.seek(since.get(source.name, 0))
+                shutil.copyfileobj(new, out)
+
+    def stage(self, app: Path) -> Path:
+        """A copy of ``app``'s sources for ``flwr run`` (made once per app): the files an
+        app bundle may hold, from every folder but hidden ones, ``__pycache__`` and those
+        the app's ``.gitignore`` names. Flower builds the bundle from it as from the app
+        itself, without walking a virtual environment of tens of thousands of files."""
+        if app not in self.staged:
+            self.staged[app] = stage_app(app, self.home / "apps-staged" / str(len(self.staged)))
+        return self.staged[app]
+
+    def start_ray_head(self, num_cpus: int | None) -> None:
+        """Start a private Ray head (``ray start --block``, stopped with the rest) that
+        every simulation of this SuperLink joins through ``RAY_ADDRESS``. It starts beside
+        the SuperLink instead of inside each run; a run's ``ray.init`` waits for it."""
+        port = _free_port()
+        self.env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+        self.ray_head = self.start("ray", [
+            "ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+            "--include-dashboard", "false", "--disable-usage-stats", *(["--num-cpus", str(num_cpus)] if num_cpus else []),
+            # `ray start` binds fixed ports that a second Ray on the machine would also take; these are free ones
+            "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(_free_port()),
+            "--dashboard-agent-listen-port", str(_free_port()),
+        ])
+
+    def wait_for_ray(self, timeout: float = RAY_TIMEOUT_S) -> None:
+        """Return once the private Ray head is up (at once when there is none or it is up)."""
+        deadline = time.monotonic() + timeout
+        while self.ray_head is not None and RAY_READY not in self.log_file("ray").read_text(errors="replace"):
+            if self.ray_head.poll() is not None:
+                raise RuntimeError(f"the private Ray head exited with code {self.ray_head.returncode}; see "
+                                   f"{self.log_file('ray')}:\n{self.tail('ray')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the private Ray head did not start within {timeout:.0f}s; see {self.log_file('ray')}")
+            time.sleep(0.1)
+
+    def alive(self) -> bool:
+        """Whether every process started here still runs (a warm simulation can take a run)."""
+        return not self.closed and all(proc.poll() is None for proc in self.procs)
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         """Start a Flower executable with its output in ``logs/<name>.log``."""
@@ -257,14 +327,15 @@ class _LocalFlower:
         """``flwr run`` an app (this one by default), show its log on ``stream`` (default:
         stdout) through a ``Console``, keep all of it in ``logs/flwr_run.log``, and read
         the run's final status."""
-        cmd = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+        cmd = [_bin("flwr"), "run", str(self.stage(app)), CONNECTION, "--stream",
                "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
         if federation_config:
             cmd += ["--federation-config", federation_config]
         run_id = None
         proc = subprocess.Popen(cmd, cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
-        with open(self.log_file(RUN_LOG), "w") as log_file:
+        self.wait_for_ray()  # while flwr run builds and submits the app
+        with open(self.log_file(RUN_LOG), "a") as log_file:
             console = Console(stream or sys.stdout, log_file, verbose)
             for line in proc.stdout:
                 console.write(line)
@@ -272,6 +343,7 @@ class _LocalFlower:
                     run_id = int(m.group(1))
         proc.wait()
         proc.stdout.close()
+        self.procs.remove(proc)
         if run_id is None:
             return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
         return LaunchResult(run_id, self._status(run_id))
@@ -285,11 +357,13 @@ class _LocalFlower:
             return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
     def close(self) -> None:
-        """Stop every process started here, newest first (SuperNodes before the SuperLink),
-        then whatever of the launch their parents left behind (by the reaper's rule), then
-        the reaper, which has nothing left to do."""
-        for proc in reversed(self.procs):
-            _stop(proc)
+        """Stop every process started here, all at once, then whatever of the launch their
+        parents left behind (by the reaper's rule), then the reaper, which has nothing
+        left to do. A second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        _stop(*self.procs)
         kill_launch(self.home)
         self.reaper.kill()
         self.reaper.wait()
@@ -333,30 +407,116 @@ def _quote(value: str) -> str:
     return '"' + json.dumps(value)[1:-1].replace('"', "u0022") + '"'
 
 
-def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
-           num_cpus: int | None = None, stream: TextIO | None = None, app: Path = APP_DIR,
-           verbose: bool = False) -> LaunchResult:
-    """``flwr run`` an app (this one by default; a user's own Flower app, say) with
-    ``run_config`` on a fresh local simulation SuperLink.
+class Simulation:
+    """A local simulation SuperLink and, unless ``ray_address`` names a cluster, a private
+    Ray head with ``num_cpus`` CPUs (default: all), started side by side, that runs one
+    ``flwr run`` after another: a lone ``fedmech run`` uses it once, a sweep's worker keeps
+    it warm for its cells (each a Flower run of its own, with its own run id and logs).
+    ``stack`` stops it."""
 
-    The clients' resources go to Flower's Ray backend through ``--federation-config``;
-    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray, and
-    ``num_cpus`` caps the private Ray (runs side by side share the machine). What the
-    console shows goes to ``stream`` (default: stdout; ``verbose``: Flower's whole log);
-    the logs of Flower, Ray and the run end up in the run folder's ``logs/``.
-    """
-    with tempfile.TemporaryDirectory(prefix="fedmech-flwr-") as tmp, ExitStack() as stack:
-        flower = _LocalFlower(Path(tmp), _free_port(), ray_address=sim.ray_address)
-        stack.callback(_keep_logs, flower, _run_dir(run_config))
-        _opened(stack, flower)
-        flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
-        if sim.ray_address:
-            log.info("simulation uses the existing Ray cluster at %s", sim.ray_address)
+    def __init__(self, stack: ExitStack, ray_address: str | None = None, num_cpus: int | None = None) -> None:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmech-flwr-")))
+        self.flower = _opened(stack, _LocalFlower(home, _free_port(), ray_address=ray_address))
+        self.ray_address = ray_address
+        if ray_address:
+            log.info("simulation uses the existing Ray cluster at %s", ray_address)
+        else:
+            self.flower.start_ray_head(num_cpus)
+        self.flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
+
+    def alive(self) -> bool:
+        return self.flower.alive()
+
+    def run(self, run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
+            stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
+        """``flwr run`` an app with ``run_config`` (see ``launch``); its logs go to its run folder."""
+        if sim.ray_address != self.ray_address:
+            raise ValueError(f"this simulation runs on {self.ray_address or 'a private Ray'}, "
+                             f"not on {sim.ray_address or 'a private Ray'}")
         federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
                       f"client-resources-num-gpus={sim.gpus_per_client}")
-        if num_cpus and not sim.ray_address:
-            federation += f" init-args-num-cpus={num_cpus}"
-        return flower.run(run_config, federation, stream, app, verbose)
+        since = self.flower.log_sizes()
+        try:
+            return self.flower.run(run_config, federation, stream, app, verbose)
+        finally:
+            self.flower.keep_logs(_run_dir(run_config), since)
+
+
+class WarmSimulations:
+    """One warm ``Simulation`` per worker thread of a sweep: a cell runs on its thread's
+    (one on the cell's Ray address, started on first use), so a thread pays the
+    SuperLink's and Ray's start once, not once per cell. A simulation that a process of
+    it left, or that a failed run may have left in a bad state (``discard``), is replaced
+    by a fresh one. ``close`` stops them all."""
+
+    def __init__(self, num_cpus: int | None = None) -> None:
+        self.num_cpus = num_cpus
+        self.local = threading.local()
+        self.stacks: list[ExitStack] = []
+        self.lock = threading.Lock()
+
+    def get(self, ray_address: str | None) -> Simulation:
+        current = getattr(self.local, "simulation", None)
+        if current is not None and current.alive() and current.ray_address == ray_address:
+            return current
+        self.discard()
+        stack = ExitStack()
+        with self.lock:
+            self.stacks.append(stack)
+        self.local.stack = stack
+        self.local.simulation = Simulation(stack, ray_address, self.num_cpus)
+        return self.local.simulation
+
+    def discard(self) -> None:
+        """Stop this thread's simulation; its next cell starts a fresh one."""
+        if getattr(self.local, "simulation", None) is not None:
+            self.local.simulation = None
+            self.local.stack.close()
+
+    def close(self) -> None:
+        with self.lock:
+            stacks, self.stacks = self.stacks, []
+        for stack in stacks:
+            stack.close()
+
+
+def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
+           stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
+    """``flwr run`` an app (this one by default; a user's own Flower app, say) with
+    ``run_config`` on a fresh local ``Simulation``.
+
+    The clients' resources go to Flower's Ray backend through ``--federation-config``;
+    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray. What
+    the console shows goes to ``stream`` (default: stdout; ``verbose``: Flower's whole
+    log); the logs of Flower, Ray and the run end up in the run folder's ``logs/``.
+    """
+    with ExitStack() as stack:
+        return Simulation(stack, sim.ray_address).run(run_config, num_supernodes, sim, stream=stream, app=app,
+                                                      verbose=verbose)
+
+
+def stage_app(app: Path, into: Path) -> Path:
+    """Copy the files of ``app`` that Flower may bundle into ``into`` (see ``_LocalFlower.stage``)."""
+    ignored = _gitignore(app)
+    for folder, dirs, files in os.walk(app):
+        relative = Path(folder).relative_to(app)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                   and not ignored((relative / d).as_posix() + "/")]
+        for name in files:
+            path = (relative / name).as_posix()
+            if (Path(name).suffix in APP_SUFFIXES or path in ("LICENSE", ".gitignore")) and not ignored(path):
+                (into / relative).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(folder) / name, into / relative / name)
+    return into
+
+
+def _gitignore(app: Path) -> Callable[[str], bool]:
+    """Whether a relative path (a folder's with a trailing ``/``) is named by ``app/.gitignore``."""
+    import pathspec  # Flower's own dependency for the same rules
+
+    source = app / ".gitignore"
+    spec = pathspec.GitIgnoreSpec.from_lines(source.read_text().splitlines() if source.is_file() else [])
+    return spec.match_file
 
 
 def node_data_entries(folder: Path) -> list[Path]:
@@ -411,7 +571,7 @@ def deploy_local(
             creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
             creds.check(num_nodes, auth)
         flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
-        stack.callback(_keep_logs, flower, _run_dir(run_config))
+        stack.callback(flower.keep_logs, _run_dir(run_config), {})  # once all is stopped (callbacks run LIFO)
         _opened(stack, flower)
         if creds:
             cert, key = creds.server
@@ -442,21 +602,6 @@ def _run_dir(run_config: dict[str, str]) -> Path | None:
     return Path(folder) if folder else None
 
 
-def _keep_logs(flower: _LocalFlower, run_dir: Path | None) -> None:
-    """Add the logs of this launch to the run folder's ``logs/`` (a resumed run's to those
-    of its earlier launches), else, when the run made no folder, show how the logs end."""
-    if run_dir is None:
-        return
-    if not run_dir.is_dir():
-        log.warning("no run folder at %s; flwr run's log ends with:\n%s\nand the SuperLink's with:\n%s", run_dir,
-                    flower.tail(RUN_LOG), flower.tail("superlink"))
-        return
-    (run_dir / LOGS_DIR).mkdir(exist_ok=True)
-    for source in sorted((flower.home / LOGS_DIR).glob("*.log")):
-        with open(run_dir / LOGS_DIR / source.name, "a") as out:
-            out.write(source.read_text(errors="replace"))
-
-
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux /proc; empty elsewhere). The SuperLink starts
     the simulation (and so Ray) in sessions of their own, out of reach of killpg."""
@@ -475,10 +620,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """Stop a process and everything it started (simulation, Ray, ClientApps): SIGTERM,
-    then SIGKILL to whatever is still alive after ``grace_s``."""
-    pids = [proc.pid, *descendants(proc.pid)]
+def _stop(*procs: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop processes and everything they started (simulation, Ray, ClientApps), all at
+    once: SIGTERM, then SIGKILL to whatever is still alive after ``grace_s``."""
+    pids = [pid for proc in procs for pid in (proc.pid, *descendants(proc.pid))]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -487,7 +632,8 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
                 pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
-            time.sleep(0.2)
+            time.sleep(0.1)
         if not any(process_alive(pid) for pid in pids):
             break
-    proc.wait(timeout=10)
+    for proc in procs:
+        proc.wait(timeout=10)

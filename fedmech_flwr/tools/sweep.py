@@ -28,7 +28,8 @@ base would take (kept in the manifest). A cell is named by its axis labels and s
 
 The sweep folder, ``<out>/<name>[-<preset>]``, holds ``sweep.json`` (the manifest: cells,
 their overrides and resolved configs, status, wall time), ``runs/<cell>/`` (ordinary run
-folders) and ``logs/<cell>.log`` (Flower's stream of each cell). Running the same
+folders) and ``logs/<cell>.log`` (Flower's stream of each cell). Each worker runs its
+cells on one warm SuperLink and Ray (``launch.WarmSimulations``). Running the same
 command again continues: completed cells are skipped, cells a kill or Ctrl-C stopped are
 resumed from their last completed round (``fedmech run --resume``), failed ones are
 rerun only with ``retry_failed``.
@@ -67,7 +68,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
-from fedmech_flwr.tools.launch import launch, stop_all
+from fedmech_flwr.tools.launch import WarmSimulations, stop_all
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
 
 def check_fits(cells: list[Cell], parallel: int, cpus: int | None = None, memory_gib: float | None = None) -> int | None:
     """Refuse ``parallel`` runs at once that this machine cannot hold; return the CPUs each
-    private Ray may use (None: one run at a time, or the runs share a Ray cluster)."""
+    worker's private Ray may use (None: one run at a time, or the runs share a Ray cluster)."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be >= 1, got {parallel}", "--parallel")
     local = [c.config for c in cells if c.config.simulation.ray_address is None]
@@ -438,6 +439,7 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
 def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Path, manifest: Manifest,
                parallel: int, num_cpus: int | None, say: Callable[[str], None], verbose: bool) -> list[Outcome]:
     stopping = threading.Event()
+    warm = WarmSimulations(num_cpus)  # each worker thread runs its cells on one SuperLink and Ray
     (folder / LOGS_DIR).mkdir(exist_ok=True)
 
     def run(cell: Cell) -> Outcome:
@@ -453,8 +455,9 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         manifest.update(cell.name, status="running", error=None)
         start = time.monotonic()
         with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream:
-            result = launch(run_config, cell.config.federation.num_clients, cell.config.simulation,
-                            num_cpus=num_cpus, stream=stream, verbose=verbose)
+            simulation = warm.get(cell.config.simulation.ray_address)
+            result = simulation.run(run_config, cell.config.federation.num_clients, cell.config.simulation,
+                                    stream=stream, verbose=verbose)
         seconds = time.monotonic() - start
         status = _folder_status(run_dir) or {"status": "missing"}
         if stopping.is_set() and status["status"] != "completed":
@@ -466,6 +469,8 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
                 status = settle_status(run_dir, result.status)
             reason = status.get("error") or f"Flower run status {result.status}, run folder {status['status']}"
             outcome = Outcome(cell, "failed", seconds, f"{reason} (log: {folder / LOGS_DIR / cell.name}.log)")
+        if outcome.status == "failed":
+            warm.discard()  # whatever broke the run may have broken its SuperLink or Ray
         manifest.update(cell.name, status=outcome.status, error=outcome.error,
                         seconds=manifest.cells[cell.name]["seconds"] + seconds)
         return outcome
@@ -491,6 +496,7 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         raise
     finally:
         pool.shutdown(wait=True)
+        warm.close()
     return outcomes
 
 

@@ -1,0 +1,33 @@
+"""What ``flwr run`` is given: a copy of the app's sources that Flower bundles exactly as
+it bundles the app folder itself, without walking what the app ignores."""
+
+from __future__ import annotations
+
+from flwr.cli.build import build_fab_from_disk
+
+from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.tools.launch import stage_app
+
+
+def test_the_staged_copy_of_this_app_bundles_bitwise_as_the_app(tmp_path):
+    staged = stage_app(APP_DIR, tmp_path / "app")
+    assert build_fab_from_disk(staged) == build_fab_from_disk(APP_DIR)
+
+
+def test_staging_skips_ignored_hidden_and_cache_folders_and_keeps_what_flower_bundles(tmp_path):
+    app = tmp_path / "app"
+    files = {
+        "pyproject.toml": "[project]\nname = 'x'\n", ".gitignore": "runs/\n*.log\nsecret.yaml\n", "LICENSE": "MIT",
+        "pkg/__init__.py": "", "pkg/model.py": "x = 1", "pkg/conf.yaml": "a: 1", "pkg/notes.md": "n",
+        "pkg/data.json": "{}", "pkg/weights.bin": "binary", "pkg/secret.yaml": "k: v", "pkg/out.log": "log",
+        "runs/r1/metrics.json": "{}", ".venv/lib/site.py": "", ".git/hooks/x.py": "",
+        "pkg/__pycache__/model.cpython-311.pyc": "",
+    }
+    for name, text in files.items():
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        (app / name).write_text(text)
+    staged = stage_app(app, tmp_path / "staged")
+    assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()) == [
+        ".gitignore", "LICENSE", "pkg/__init__.py", "pkg/conf.yaml", "pkg/data.json", "pkg/model.py", "pkg/notes.md",
+        "pyproject.toml"]
+    assert (staged / "pkg" / "model.py").read_text() == "x = 1"
