@@ -10,14 +10,16 @@ lines arrive (lines the product and Flower print anyway):
     submit     the app packaged, sent and installed  up to "Successfully started run"
     simulate   the simulation process starts         up to "Starting Flower Simulation"
     serverapp  ServerApp imports, data, run folder   up to "Run folder:"
-    ray        Ray, its actors, node discovery       up to Flower's strategy banner
+    ray        Ray starting, the roster              up to Flower's strategy banner
     rounds     the strategy's rounds                 up to "Strategy execution finished"
     finish     final model, plots, status            up to "Run completed:"
     shutdown   Ray, simulation, SuperLink stopped    up to the process's exit
 
     python benchmarks/startup.py [--repeats 3] [--cells 4] [--warm-up 1]
 
-Flower streams a run's log in batches of about a second, so each phase is +-1 s. Medians
+In simulation the roster is read without a message, so Ray starts while the ServerApp
+does and the first round waits for its actors. Flower streams a run's log in batches of
+about a second, so each phase is +-1 s. Medians
 (min-max) over the repeats; nothing here gates on time.
 """
 

@@ -72,3 +72,15 @@ def test_startup(capsys):
     phases = sum(lone[k] for k in ("start", "submit", "simulate", "serverapp", "ray", "rounds", "finish", "shutdown"))
     assert phases == pytest.approx(lone["wall"], abs=0.45) and 0 < lone["strategy"] < lone["wall"]
     assert "first cell" in out and "cell 2" in out and "fixed cost per cell after the first" in out
+
+
+@pytest.mark.integration
+def test_scale(capsys):
+    """Two tiny federations: every start-up phase is found in the logs, and the ratios to
+    the first count are printed (1 for the first)."""
+    load("scale").main(["--clients", "3", "6", "--per-round", "2", "--rounds", "3"])
+    out = capsys.readouterr().out.strip().splitlines()
+    rows = [line.split() for line in out[1:3]]
+    assert [row[0] for row in rows] == ["3", "6"] and rows[0][-2:] == ["1.000", "1.000"]
+    assert all(float(v) > 0 for row in rows for v in row[4:])
+    assert out[3].startswith("targets, 6 vs 3 clients: round time x")

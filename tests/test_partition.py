@@ -7,8 +7,10 @@ import time
 import numpy as np
 import pytest
 
+from fedmech_flwr import partition
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.partition import (
+    BARS_UP_TO,
     PARTITIONERS,
     ClassesPerClientConfig,
     ClassMapConfig,
@@ -131,3 +133,16 @@ def test_label_histograms_and_plot(tmp_path):
     np.testing.assert_array_equal(hist, [[1, 1, 0], [0, 1, 2]])
     path = plot_label_distribution(hist, tmp_path / "sub" / "labels.png", ["a", "b", "c"])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("num_clients, shapes", [(BARS_UP_TO, 3 * BARS_UP_TO), (10_000, 3)])
+def test_label_plot_of_many_clients_draws_a_band_per_class(monkeypatch, tmp_path, num_clients, shapes):
+    """A bar per client and class up to ``BARS_UP_TO`` clients; above, one band per class,
+    so the plot's cost does not grow with the federation."""
+    figures = []
+    monkeypatch.setattr(partition, "save_figure", lambda fig, path: figures.append(fig) or path)
+    hist = np.random.default_rng(0).integers(1, 10, size=(num_clients, 3))
+    plot_label_distribution(hist, tmp_path / "labels.png")
+    (ax,) = figures[0].axes
+    assert len(ax.patches) == shapes
+    assert ax.get_xlim()[1] == pytest.approx(hist.sum(axis=1).max() * 1.1)

@@ -19,6 +19,7 @@ from fedmech_flwr.app.protocol import (
     RoundProtocol,
     RoundSummary,
     discover_nodes,
+    simulated_roster,
 )
 from fedmech_flwr.arrays import from_record
 from fedmech_flwr.data import DatasetBundle
@@ -208,7 +209,7 @@ def test_own_data_nodes_take_the_free_ids_in_the_order_of_their_names(tmp_path):
     assert roster.node_ids == {0: 1002, 1: 1001, 2: 1000, 3: 1003}  # athens < zurich take the free ids 0 and 2
     assert roster.clients[0] == NodeInfo(1002, NODE_PROVIDED, "athens", 20, (5, 5, 5, 5))
     assert roster.clients[1].source == SHARD
-    assert roster.ids_json() == '{"1002": 0, "1001": 1, "1000": 2, "1003": 3}'
+    assert roster.ids_json() == '{"1002": 0, "1000": 2}'  # shard nodes know their id: only own-data nodes are told
 
 
 @pytest.mark.parametrize(
@@ -259,6 +260,56 @@ def test_discover_refuses_a_node_that_errors():
     roster = discover(InProcessGrid(broken, 2), 2)
     assert [(node, reason) for node, reason, _ in roster.refused] == [(1000, "raised: RuntimeError: no partition here")]
     assert roster.node_ids == {1: 1001}
+
+
+def simulation_grid(num_nodes: int):
+    """Flower's simulation Grid over a link state where Flower's simulation engine
+    registered ``num_nodes`` nodes; and the engine's ``{node_id: partition-id}``."""
+    from dataclasses import replace
+
+    from flwr.proto.task_pb2 import Task
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+    run = replace(Run.create_empty(7), primary_task_id=1, federation_id=NOOP_FEDERATION_ID)
+    state = factory.state()  # the run registered as Flower's simulation does
+    state.run_ids[run.run_id] = RunRecord(run=run)
+    state.task_store[1] = Task(task_id=1, run_id=run.run_id)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    return grid, _register_nodes(num_nodes, factory)
+
+
+def test_simulated_roster_is_the_simulation_engines_partition_ids():
+    """Flower gives its i-th registered node partition-id i; the roster holds the same
+    map (node ids are random, so sorting them would not)."""
+    grid, partition_of = simulation_grid(50)
+    roster = simulated_roster(grid, 50, timeout=1)
+    assert roster.node_ids == {pid: node for node, pid in partition_of.items()}
+    assert {info.source for info in roster.clients.values()} == {SHARD} and roster.refused == []
+    assert roster.ids_json() == "{}"
+
+
+def test_simulated_roster_checks_the_node_count_and_needs_the_simulation():
+    with pytest.raises(ClientFailure, match="4 SuperNodes are connected but federation.num_clients is 3"):
+        simulated_roster(simulation_grid(4)[0], 3, timeout=1)
+    assert simulated_roster(InProcessGrid(client_app, 3), 3, timeout=1) is None  # real nodes are asked
+
+
+def test_reply_from_another_client_than_sampled_stops_the_run(smoke_cfg, messages):
+    """A node that trained another partition than the roster says (a roster that does not
+    match the federation) fails the round, whatever the failure policy."""
+    proto = protocol(smoke_cfg)
+    wrong = messages.train(PARTITIONS[0], arrays_of(0), 10, partition_id=2)
+    with pytest.raises(ClientFailure, match=f"node {PARTITIONS[0]} was sampled as client 0 but replied as client 2"):
+        proto.aggregate_train(1, [wrong, reply(messages, 1), reply(messages, 2)])
 
 
 # --- faults screened before aggregation, resume -----------------------------------------

@@ -5,7 +5,9 @@
 - node discovery (``discover_nodes``): every node is a client with a stable id, its
   partition-id (a shard node) or, for a node with its own data, one of the ids left over,
   given in the order of the nodes' keys (``node-name``, else the node id); a node whose
-  data fails the experiment's checks is refused before the first round;
+  data fails the experiment's checks is refused before the first round. In Flower's
+  simulation, where every node is a shard node, ``simulated_roster`` reads the same map
+  from the simulation engine without a message;
 - sampling by client id with a seeded RNG (Flower samples node IDs, which are random
   per run); the inner strategy is offered only the sampled nodes and trains all of them;
 - aggregation in client-id order (bitwise-reproducible sums);
@@ -36,6 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, Met
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+from flwr.superlink.grid import InMemoryGrid
 
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
@@ -100,21 +103,15 @@ class Roster:
         return {cid: info.node_id for cid, info in self.clients.items()}
 
     def ids_json(self) -> str:
-        """``{node_id: client_id}`` as JSON, for ``CLIENT_IDS_KEY``."""
-        return json.dumps({str(info.node_id): cid for cid, info in self.clients.items()})
+        """``{node_id: client_id}`` of the own-data nodes as JSON, for ``CLIENT_IDS_KEY``
+        (a shard node's id is its partition-id, which it knows; leaving shard nodes out
+        keeps every message's config from growing with the federation)."""
+        return json.dumps({str(info.node_id): cid for cid, info in self.clients.items() if info.source == NODE_PROVIDED})
 
 
-def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
-    """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
-    which own-data nodes check their data against) with ``query.identify``, and give each
-    a client id.
-
-    Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
-    own-data nodes get the ids no shard node holds, in the order of their keys. A node
-    that replies with an error, or reports a histogram that does not fit, is refused
-    (``Roster.refused``); a federation that does not match the experiment (wrong node
-    count, duplicate partition-ids or names) fails clearly.
-    """
+def connected_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
+    """The ids of the ``expected`` connected nodes, sorted, once they are all there; a
+    ``ClientFailure`` when fewer connect within ``timeout`` or more are connected."""
     deadline = time.monotonic() + timeout
     while len(node_ids := sorted(grid.get_node_ids())) < expected:
         if time.monotonic() > deadline:
@@ -130,6 +127,39 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
             f"run with as many SuperNodes as clients (simulation: --federation-config "
             f"'num-supernodes={expected}') or set federation.num_clients={len(node_ids)}"
         )
+    return node_ids
+
+
+def simulated_roster(grid: Grid, expected: int, timeout: float) -> Roster | None:
+    """The roster of Flower's simulation, without a message; None on any other Grid.
+
+    Flower's simulation engine registers its nodes one after another and gives the i-th
+    the node-config ``partition-id=i num-partitions=N``; its ``InMemoryGrid``'s link state
+    lists the nodes in that order. So every node is a shard node whose partition-id is
+    known here, and asking each one (``discover_nodes``) would only cost a message per
+    node, which Flower's engine delivers in time that grows with nodes x messages (minutes
+    at 10,000 nodes). ``RoundProtocol`` checks every train reply's partition-id against
+    this map, so a Flower that numbered nodes otherwise would stop the run at round 1.
+    """
+    if not isinstance(grid, InMemoryGrid):
+        return None
+    connected = set(connected_nodes(grid, expected, timeout))
+    in_order = [info.node_id for info in grid.state.get_node_info() if info.node_id in connected]
+    return Roster({pid: NodeInfo(node, SHARD) for pid, node in enumerate(in_order)}, [])
+
+
+def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
+    """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
+    which own-data nodes check their data against) with ``query.identify``, and give each
+    a client id.
+
+    Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
+    own-data nodes get the ids no shard node holds, in the order of their keys. A node
+    that replies with an error, or reports a histogram that does not fit, is refused
+    (``Roster.refused``); a federation that does not match the experiment (wrong node
+    count, duplicate partition-ids or names) fails clearly.
+    """
+    node_ids = connected_nodes(grid, expected, timeout)
     kind = f"{MessageType.QUERY}.{IDENTIFY_ACTION}"
     queries = [Message(RecordDict({"config": config}), dst_node_id=n, message_type=kind) for n in node_ids]
     shards: dict[int, NodeInfo] = {}
@@ -319,7 +349,8 @@ class RoundProtocol(Strategy):
     def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str, str]]]:
         """Usable replies (partition-id order) and failed clients with a one-line reason
         and the error's whole text (empty but for error replies): an error reply, no reply
-        before the timeout, or NaN/Inf in the returned weights."""
+        before the timeout, or NaN/Inf in the returned weights. A reply from a client other
+        than the one its node was sampled as (the roster is wrong) stops the run."""
         pid_of = {id(r): self.node_to_partition[r.metadata.src_node_id] for r in replies}
         timeout = self.cfg.federation.round_timeout_s
         failures = [(pid, f"timeout: no reply within {timeout:g}s", "")
@@ -330,6 +361,11 @@ class RoundProtocol(Strategy):
                 failures.append((pid_of[id(reply)], failure_reason(reply.error), reply.error.reason))
                 continue
             update = client_update(reply)
+            if update.partition_id != pid_of[id(reply)]:
+                raise ClientFailure(
+                    f"node {reply.metadata.src_node_id} was sampled as client {pid_of[id(reply)]} but replied as "
+                    f"client {update.partition_id}: the roster does not match the federation's partition-ids"
+                )
             if bad := non_finite(update.arrays):
                 failures.append((update.partition_id, f"non-finite weights in {', '.join(bad)}", ""))
                 continue

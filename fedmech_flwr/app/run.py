@@ -7,8 +7,10 @@ rest, in this order:
 
 1. the folder: made (or, resuming, reopened and rewound to the round it last committed),
    with config.yaml and environment.json;
-2. the roster: every node asked who it is (``query.identify``), partitions.json written,
-   refused nodes recorded and the failure policy applied;
+2. the roster: every node asked who it is (``query.identify``), or, for ``fedmech run``'s
+   own experiment in Flower's simulation, read from the simulation engine
+   (``simulated_roster``); partitions.json written, refused nodes recorded and the
+   failure policy applied;
 3. the rounds: Flower's loop through the round protocol around the strategy
    (``fedmech_flwr.app.protocol``). Each round ends in ``Run.end_round``: the server's
    evaluation, the divergence check, the due diagnostics (their client-side part through
@@ -44,7 +46,15 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedmech_flwr import plugins
 from fedmech_flwr.app.node_data import NodeDataSpec
-from fedmech_flwr.app.protocol import SHARD, ClientFailure, Roster, RoundProtocol, discover_nodes, failure_reason
+from fedmech_flwr.app.protocol import (
+    SHARD,
+    ClientFailure,
+    Roster,
+    RoundProtocol,
+    discover_nodes,
+    failure_reason,
+    simulated_roster,
+)
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
@@ -181,7 +191,7 @@ class Run:
             if not inputs.resume:
                 folder.write_config(inputs.recorded_config)
                 folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
-            roster = discover_nodes(grid, fed.num_clients, fed.round_timeout_s, inputs.identify, inputs.num_classes)
+            roster = self._roster(grid)
             folder.write_partitions(self._partition_entries(roster), inputs.class_names,
                                     len(inputs.datasets["audit"][1]) if "audit" in inputs.datasets else 0)
             refuse(self.cfg, folder, roster)
@@ -226,6 +236,17 @@ class Run:
         folder.rewind(point.last_round if point else None)
         log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
         return point
+
+    def _roster(self, grid: Grid) -> Roster:
+        """Who takes part. A run whose server holds every shard (``fedmech run``'s own
+        experiment) reads the simulation's nodes without a message; otherwise (real
+        SuperNodes, nodes with their own data, a user's own ClientApp, which reports its
+        shards) every node is asked."""
+        fed, inputs = self.cfg.federation, self.inputs
+        if len(inputs.shards) == fed.num_clients and (roster := simulated_roster(grid, fed.num_clients,
+                                                                                 fed.round_timeout_s)):
+            return roster
+        return discover_nodes(grid, fed.num_clients, fed.round_timeout_s, inputs.identify, inputs.num_classes)
 
     def _partition_entries(self, roster: Roster) -> list[dict[str, Any]]:
         """partitions.json's client entries: a shard's count and histogram from the
