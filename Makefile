@@ -8,13 +8,15 @@ setup:
 demo: setup
 	.venv/bin/fedmech run experiments/default.yaml
 
-# The test suite (what .ci/run calls).
+# The test suite (what .ci/run calls), three tests at a time: the real launches spend much
+# of their time waiting on other processes.
 test:
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 3
 
-# The inner loop: unit and in-process tests, no real Flower/Ray launch and no big dataset.
+# The inner loop: unit and in-process tests, no real Flower/Ray launch and no big dataset,
+# one worker per core.
 test-fast:
-	.venv/bin/python -m pytest -q -m "not integration"
+	.venv/bin/python -m pytest -q -n auto -m "not integration"
 
 bench:
 	.venv/bin/python benchmarks/throughput.py

@@ -1,7 +1,8 @@
 """Does anything of a run outlive a SIGKILL of the command that started it?
 
 Starts ``fedmech run`` of the smoke experiment (and ``fedmech sweep`` of the smoke
-sweep), SIGKILLs the command alone (not its process group) at a random moment, and
+sweep), SIGKILLs the command alone (not its process group) at a random moment after it
+started its first process, and
 ``--wait`` seconds later counts what it had started that is still alive. What it started
 is watched from outside, independently of the reaper's own rule: every descendant of the
 command seen while it ran (Ray's agents among them, before they are orphaned), and every
@@ -28,9 +29,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RUN = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=30"]
 SWEEP = ["sweep", "experiments/smoke_sweep.yaml", "--only", "strategy+client=fedavg"]
-RUN_KILL_S = (0.5, 20.0)
-"""When to kill a run: from the SuperLink's start to its rounds (Ray is up after ~15 s)."""
-SWEEP_KILL_S = (0.5, 45.0)
+RUN_KILL_S = (0.0, 15.0)
+"""When to kill a run, in seconds after it started its first process (the launch's reaper,
+then Ray and the SuperLink): from their start to its rounds (under way after ~10 s)."""
+SWEEP_KILL_S = (0.0, 40.0)
+START_TIMEOUT_S = 300.0
+"""How long the command may take to start its first process (a loaded machine)."""
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -72,15 +76,18 @@ def in_folders(folders: set[str]) -> set[int]:
 
 
 def kill_once(args: list[str], delay: float, out: Path, wait: float) -> tuple[int, list[str]]:
-    """Start ``fedmech ARGS``, SIGKILL it after ``delay`` s; return how many processes it
-    had started and a description of each one alive ``wait`` s after the kill."""
+    """Start ``fedmech ARGS``, SIGKILL it ``delay`` s after it started its first process;
+    return how many processes it had started and a description of each one alive ``wait``
+    s after the kill."""
     cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", *args, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: dict[int, int] = {}
     folders: set[str] = set()
-    deadline = time.monotonic() + delay
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         now = descendants(proc.pid)
+        if now and not seen:
+            deadline = time.monotonic() + delay
         seen.update(now)
         folders.update(cwd for pid in now if (cwd := _cwd(pid)) and "/fedmech-" in cwd)
         time.sleep(0.05)

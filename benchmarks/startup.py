@@ -3,29 +3,30 @@ of a 4-cell smoke ``fedmech sweep`` (its 1-round IID FedAvg cells, one per seed)
 whole process, after one warm-up run.
 
 For every run: the wall time, Flower's own "Strategy execution finished in" (the rounds),
-the fixed cost (the difference), and where the lone run's went, read from when its log
-lines arrive (lines the product and Flower print anyway):
+the fixed cost (the difference), and where the lone run's went, from timestamps the run
+leaves anyway: the SuperLink's request log (``logs/superlink.log``) and when the run
+folder's files were written:
 
-    start      CLI, validation, SuperLink start      up to "Using SuperLink"
-    submit     the app packaged, sent and installed  up to "Successfully started run"
-    simulate   the simulation process starts         up to "Starting Flower Simulation"
-    serverapp  ServerApp imports, data, run folder   up to "Run folder:"
-    ray        Ray starting, the roster              up to Flower's strategy banner
-    rounds     the strategy's rounds                 up to "Strategy execution finished"
-    finish     final model, plots, status            up to "Run completed:"
-    shutdown   Ray, simulation, SuperLink stopped    up to the process's exit
+    start      CLI, validation, SuperLink and Ray start, app sent  up to Flower's start-run request
+    simulate   the simulation process starts                 up to its pull-task-input request
+    serverapp  ServerApp imports, data, run folder           up to config.yaml written
+    rounds     the rounds (the first waits for the actors)   up to model_final.safetensors written
+    finish     plots, status                                 up to status.json written
+    teardown   Flower's simulation stops, leaves Ray         up to its push-task-output request
+    status     the run's end streamed, its status asked      up to the list-runs request
+    exit       everything stopped, the process ends          up to the process's exit
 
     python benchmarks/startup.py [--repeats 3] [--cells 4] [--warm-up 1]
 
-In simulation the roster is read without a message, so Ray starts while the ServerApp
-does and the first round waits for its actors. Flower streams a run's log in batches of
-about a second, so each phase is +-1 s. Medians
-(min-max) over the repeats; nothing here gates on time.
+Since the roster is read without a message, the client actors start inside the first
+round, so "strategy" (and "rounds") hold their start. Medians (min-max) over the repeats;
+nothing here gates on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import re
 import statistics
@@ -37,42 +38,41 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FEDMECH = [sys.executable, "-m", "fedmech_flwr.tools.cli"]
-LONE = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=1", "--verbose"]
-"""Verbose: the phases are read from Flower's log lines, which the quiet console leaves out."""
+LONE = ["run", "experiments/smoke.yaml", "--set", "federation.num_rounds=1"]
 SWEEP = ["sweep", "experiments/smoke_sweep.yaml", "--preset", "quick", "--only", "strategy+client=fedavg",
          "--only", "data.partition=iid"]
 """The 1-round smoke sweep's IID FedAvg cells, one per seed (``--seeds``)."""
 STRATEGY_S = re.compile(r"Strategy execution finished in ([0-9.]+)s")
-PHASES = [
-    ("start", "Using SuperLink"),
-    ("submit", "Successfully started run"),
-    ("simulate", "Starting Flower Simulation"),
-    ("serverapp", "Run folder:"),
-    ("ray", "Starting RoundProtocol strategy"),
-    ("rounds", "Strategy execution finished"),
-    ("finish", "Run completed:"),
-]
+REQUEST = re.compile(r"^(\S+Z) INFO \[uvicorn\.access\] .*\"POST /v1/\w+/([\w-]+) HTTP")
+PHASES = [("start", "start-run"), ("simulate", "pull-task-input"), ("serverapp", "config.yaml"),
+          ("rounds", "model_final.safetensors"), ("finish", "status.json"), ("teardown", "push-task-output"),
+          ("status", "list-runs")]
+"""Each phase ends at a SuperLink request (its first) or when a run-folder file was written."""
 
 
-def timed_lines(cmd: list[str]) -> tuple[float, list[tuple[float, str]]]:
-    """Run ``cmd``; return its wall time and each output line with its arrival time."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = [(time.perf_counter() - start, line) for line in proc.stdout]
-    if proc.wait() != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{''.join(line for _, line in lines[-40:])}")
-    return time.perf_counter() - start, lines
+def run_command(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd``; return when it started (epoch seconds) and its wall time."""
+    started, start = time.time(), time.perf_counter()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return started, time.perf_counter() - start
 
 
-def phases(wall: float, lines: list[tuple[float, str]]) -> dict[str, float]:
-    """Seconds per phase: from the previous marker line to this one's first arrival."""
+def phases(run: Path, started: float, wall: float) -> dict[str, float]:
+    """Seconds per phase (see the module's doc), each from the end of the one before."""
+    requests: dict[str, float] = {}
+    for line in (run / "logs" / "superlink.log").read_text(errors="replace").splitlines():
+        if m := REQUEST.match(line):
+            at = dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+            requests.setdefault(m.group(2), at.timestamp())
     out, before = {}, 0.0
-    for name, marker in PHASES:
-        at = next((t for t, line in lines if marker in line), None)
+    for name, mark in PHASES:
+        at = (run / mark).stat().st_mtime if "." in mark else requests.get(mark)
         if at is None:
-            sys.exit(f"no line with {marker!r} in the run's output: the log changed; update PHASES")
-        out[name], before = at - before, at
-    out["shutdown"] = wall - before
+            sys.exit(f"no {mark} request in {run}/logs/superlink.log: the log changed; update PHASES")
+        out[name], before = at - started - before, at - started
+    out["exit"] = wall - before
     return out
 
 
@@ -84,14 +84,15 @@ def strategy_seconds(text: str) -> float:
 
 
 def lone_run(out: Path) -> dict[str, float]:
-    wall, lines = timed_lines([*FEDMECH, *LONE, "--out", str(out)])
-    strategy = strategy_seconds("".join(line for _, line in lines))
-    return {"wall": wall, "strategy": strategy, "fixed": wall - strategy, **phases(wall, lines)}
+    started, wall = run_command([*FEDMECH, *LONE, "--out", str(out)])
+    (run,) = out.iterdir()
+    strategy = strategy_seconds((run / "logs" / "flwr_run.log").read_text())
+    return {"wall": wall, "strategy": strategy, "fixed": wall - strategy, **phases(run, started, wall)}
 
 
 def sweep_cells(out: Path, cells: int) -> list[dict[str, float]]:
     """Each cell's wall time (as the sweep measured it) and Flower's strategy time."""
-    timed_lines([*FEDMECH, *SWEEP, "--seeds", ",".join(map(str, range(cells))), "--out", str(out)])
+    run_command([*FEDMECH, *SWEEP, "--seeds", ",".join(map(str, range(cells))), "--out", str(out)])
     folder = next(out.iterdir())
     manifest = json.loads((folder / "sweep.json").read_text())["cells"]
     rows = []

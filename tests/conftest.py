@@ -40,6 +40,27 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"faults injected: {dict(sorted(INJECTED.items()))}")
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Integration tests first (each in its collected order): they are the long ones, so
+    with ``-n`` the workers start them early instead of ending on them."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+
+
+def pytest_sessionfinish(session) -> None:
+    """A pytest-xdist worker hands its injected faults to the controller, which reports them."""
+    if hasattr(session.config, "workeroutput"):
+        from faults import INJECTED
+
+        session.config.workeroutput["faults"] = dict(INJECTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    from faults import INJECTED
+
+    INJECTED.update(node.workeroutput.get("faults", {}))
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     """Every test starts from seed 0 with one torch thread (2-core CI machine)."""

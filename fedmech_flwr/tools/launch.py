@@ -12,8 +12,10 @@ Two engines, one machinery:
 
 Each launch uses free ports, a neutral working directory and its own FLWR_HOME, so runs
 never pick up another checkout's code through a shared managed SuperLink (Ray actors put
-the SuperLink's working directory first on ``sys.path``). Runtime dependency installation
-is off (it would ``uv sync`` a fresh environment over the installed torch). The run's real
+the SuperLink's working directory first on ``sys.path``). ``flwr run`` gets a copy of the
+app's sources (``stage_app``): from the app's own folder Flower would walk a virtual
+environment of tens of thousands of files to build the bundle. Runtime dependency
+installation is off (it would ``uv sync`` a fresh environment over the installed torch). The run's real
 status is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed),
 and everything started here is stopped before returning, also on an exception or SIGTERM
 (which the CLI turns into one). If this process dies without unwinding (SIGKILL), a small
@@ -185,6 +187,8 @@ class _LocalFlower:
         self.home, self.port, self.ca = home, port, ca
         self.ray_head: subprocess.Popen | None = None
         self.staged: dict[Path, Path] = {}
+        self.running = False
+        """A run is under way: ``close`` then gives its processes time to record how it ended."""
         self.closed = False
         self.reaper = start_reaper(home)
         (home / LOGS_DIR).mkdir()
@@ -334,6 +338,7 @@ class _LocalFlower:
         run_id = None
         proc = subprocess.Popen(cmd, cwd=self.home, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
+        self.running = True
         self.wait_for_ray()  # while flwr run builds and submits the app
         with open(self.log_file(RUN_LOG), "a") as log_file:
             console = Console(stream or sys.stdout, log_file, verbose)
@@ -344,6 +349,7 @@ class _LocalFlower:
         proc.wait()
         proc.stdout.close()
         self.procs.remove(proc)
+        self.running = False
         if run_id is None:
             return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
         return LaunchResult(run_id, self._status(run_id))
@@ -357,13 +363,14 @@ class _LocalFlower:
             return f"unknown ({out.stdout.strip() or out.stderr.strip()})"
 
     def close(self) -> None:
-        """Stop every process started here, all at once, then whatever of the launch their
-        parents left behind (by the reaper's rule), then the reaper, which has nothing
-        left to do. A second call does nothing."""
+        """Stop every process started here, all at once (SIGTERM and a grace period while a
+        run is under way, else SIGKILL: nothing is left to record), then whatever of the
+        launch their parents left behind (by the reaper's rule), then the reaper, which
+        has nothing left to do. A second call does nothing."""
         if self.closed:
             return
         self.closed = True
-        _stop(*self.procs)
+        _stop(*self.procs, grace_s=20.0 if self.running else 0.0)
         kill_launch(self.home)
         self.reaper.kill()
         self.reaper.wait()
@@ -408,11 +415,12 @@ def _quote(value: str) -> str:
 
 
 class Simulation:
-    """A local simulation SuperLink and, unless ``ray_address`` names a cluster, a private
-    Ray head with ``num_cpus`` CPUs (default: all), started side by side, that runs one
-    ``flwr run`` after another: a lone ``fedmech run`` uses it once, a sweep's worker keeps
-    it warm for its cells (each a Flower run of its own, with its own run id and logs).
-    ``stack`` stops it."""
+    """A local simulation SuperLink that runs one ``flwr run`` after another, each a Flower
+    run of its own (run id, logs), and the Ray its runs join: an existing cluster when
+    ``ray_address`` names one, else a private Ray head with ``num_cpus`` CPUs (default:
+    all) started beside the SuperLink. A lone ``fedmech run`` uses it once (Ray starts
+    while the SuperLink does, and a run leaves Ray faster than it stops a Ray of its
+    own); a sweep's worker keeps it warm for its cells. ``stack`` stops it."""
 
     def __init__(self, stack: ExitStack, ray_address: str | None = None, num_cpus: int | None = None) -> None:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmech-flwr-")))
