@@ -8,10 +8,10 @@ setup:
 demo: setup
 	.venv/bin/fedmech run experiments/default.yaml
 
-# The test suite (what .ci/run calls), three tests at a time: the real launches spend much
+# The test suite (what .ci/run calls), four tests at a time: the real launches spend much
 # of their time waiting on other processes.
 test:
-	.venv/bin/python -m pytest -q -n 3
+	.venv/bin/python -m pytest -q -n 4 --dist worksteal
 
 # The inner loop: unit and in-process tests, no real Flower/Ray launch and no big dataset,
 # one worker per core.

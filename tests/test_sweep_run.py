@@ -93,11 +93,10 @@ def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(refere
     assert [g["completed"] for g in summary["groups"]] == [2, 2]
 
 
-
 def test_warm_cells_end_as_lone_runs_of_the_same_cells(reference, tmp_path):
-    """A sweep's worker runs its cells on one SuperLink and Ray (two workers, two cells
-    each here); each cell is still its own Flower run and ends bitwise as a lone ``fedmech
-    run`` of its settings (records and weights), at both seeds."""
+    """A sweep's worker runs its cells on one SuperLink and Ray (four cells on two workers
+    here: two SuperLinks); each cell is still its own Flower run and ends bitwise as a lone
+    ``fedmech run`` of its settings (records and weights), at both seeds."""
     manifest = json.loads((reference / "sweep.json").read_text())
     superlinks = {re.search(r"Using SuperLink: \S+ \((\S+)\)", (reference / "runs" / c / "logs" / "flwr_run.log")
                             .read_text()).group(1) for c in CELLS}

@@ -80,7 +80,7 @@ LOCK_FILE = "sweep.lock"
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SERVER_GIB = 1.0
 """Memory of one run's ServerApp process (it also hosts Flower's simulation engine and
-the Ray driver): ``benchmarks/scale.py`` measures about 0.94 GiB."""
+the Ray driver): ``benchmarks/scale.py`` measures 0.9-1.3 GiB, the more with more data."""
 ACTOR_GIB = 0.9
 """Memory of one Ray actor running a ClientApp (about 0.85 GiB measured)."""
 
