@@ -437,10 +437,8 @@ class Simulation:
 
     def run(self, run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
             stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
-        """``flwr run`` an app with ``run_config`` (see ``launch``); its logs go to its run folder."""
-        if sim.ray_address != self.ray_address:
-            raise ValueError(f"this simulation runs on {self.ray_address or 'a private Ray'}, "
-                             f"not on {sim.ray_address or 'a private Ray'}")
+        """``flwr run`` an app with ``run_config`` (see ``launch``; ``sim`` gives the clients'
+        resources); its logs go to its run folder."""
         federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
                       f"client-resources-num-gpus={sim.gpus_per_client}")
         since = self.flower.log_sizes()
@@ -479,7 +477,7 @@ class WarmSimulations:
         """Stop this thread's simulation; its next cell starts a fresh one."""
         if getattr(self.local, "simulation", None) is not None:
             self.local.simulation = None
-            self.local.stack.close()
+            self.local.stack.close()  # and again, as a no-op, in ``close``
 
     def close(self) -> None:
         with self.lock:
