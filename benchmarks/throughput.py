@@ -42,7 +42,7 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
     from fedmech_flwr.pruning import MagnitudePruner
     from fedmech_flwr.seeds import seed_for
-    from fedmech_flwr.training import local_steps, seed_everything, train_epochs
+    from fedmech_flwr.training import cross_entropy_objective, local_steps, seed_everything, train_epochs
 
     plugins.load()
     cfg = load_experiment(EXPERIMENT, overrides)
@@ -56,7 +56,7 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
         x, y = bundle.x_train[sub], bundle.y_train[sub]
         model = new_model(cfg, bundle)
         pruner = MagnitudePruner(model, cfg.pruning, total_steps=local_steps(len(x), cfg.train))
-        stats = train_epochs(model, x, y, cfg.train, generator, torch.nn.functional.cross_entropy, pruner)
+        stats = train_epochs(model, x, y, cfg.train, generator, cross_entropy_objective(model), pruner)
         engine.append(stats.samples_per_s)
         bare.append(bare_loop(x, y, cfg.model.params.channels, bundle.num_classes, cfg.train.epochs, cfg.train.batch_size,
                               cfg.train.lr, cfg.pruning.target_sparsity, cfg.pruning.ramp_fraction, generator))

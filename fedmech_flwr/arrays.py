@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load, load_file, save, save_file
 from torch import nn
 
 from fedmech_flwr.errors import BadFileError
@@ -103,3 +103,14 @@ def to_record(arrays: NamedArrays) -> ArrayRecord:
 def from_record(record: ArrayRecord) -> NamedArrays:
     """A Flower ArrayRecord as named NumPy arrays."""
     return {k: v.numpy() for k, v in record.items()}
+
+
+def pack(arrays: NamedArrays) -> bytes:
+    """Named arrays as safetensors bytes, for a ConfigRecord (a train reply may hold only one
+    ArrayRecord: the weights)."""
+    return save({k: np.asarray(v, order="C") for k, v in arrays.items()})
+
+
+def unpack(data: bytes) -> NamedArrays:
+    """Inverse of ``pack``: the same names, dtypes and bits (in name order)."""
+    return dict(load(bytes(data)))

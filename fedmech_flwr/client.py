@@ -3,8 +3,13 @@
 Users asked for Flower ``NumPyClient``s, so client behaviours are NumPyClient
 subclasses: ``fit`` trains on the client's shard with the shared engine and returns
 weights as a NumPy list in ``state_dict`` order. A new behaviour (proximal term, logit
-calibration, ...) overrides ``loss`` (or ``fit``) and registers itself in ``CLIENTS``.
-``client_app.py`` adapts these clients to Flower's Message API.
+calibration, ...) overrides ``loss`` (or ``objective``, when it needs the features, or
+``fit``) and registers itself in ``CLIENTS``. ``client_app.py`` adapts these clients to
+Flower's Message API.
+
+A client is built afresh for every train message. What it keeps across rounds
+(SCAFFOLD's control variate, MOON's previous model) lives in ``state``, which the node
+keeps for it (Flower's ``context.state``) and the server copies for a resume.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 from flwr.client import NumPyClient
 from torch import nn
 
+from fedmech_flwr.arrays import NamedArrays
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import Registry
@@ -43,10 +49,21 @@ class FedMechClient(NumPyClient):
     """Local training of one client on its shard, with magnitude pruning.
 
     The registered class is built as ``cls(params, model=..., data=..., train=...,
-    pruning=..., seed=..., partition_id=...)`` where ``params`` is the plug-in's own
-    validated config. ``fit`` gets the strategy's train config (e.g. FedProx's
-    ``proximal-mu``) and always ``config["server-round"]``.
+    pruning=..., seed=..., partition_id=..., state=..., received=...)`` where ``params`` is
+    the plug-in's own validated config. ``fit`` gets the strategy's train config (e.g.
+    FedProx's ``proximal-mu``) and always ``config["server-round"]``.
     """
+
+    state: NamedArrays
+    """This client's own state across rounds, as ``fit`` left it last time (empty at first).
+    ``fit`` may replace it; the node keeps it for the next round and the server keeps a copy
+    (the state of each client's last accepted reply) that a resumed run sends back."""
+    received: dict[str, NamedArrays]
+    """Arrays the strategy sent with the global model, by record name (SCAFFOLD's server
+    control variate)."""
+    upload: dict[str, NamedArrays]
+    """Arrays ``fit`` sends its strategy besides the weights, by name; the strategy reads
+    them with ``fedmech_flwr.strategy.uploaded``."""
 
     def __init__(
         self,
@@ -58,6 +75,8 @@ class FedMechClient(NumPyClient):
         pruning: PruningConfig,
         seed: int,
         partition_id: int,
+        state: NamedArrays | None = None,
+        received: dict[str, NamedArrays] | None = None,
     ) -> None:
         self.params = params
         self.model = model
@@ -66,6 +85,9 @@ class FedMechClient(NumPyClient):
         self.pruning = pruning
         self.seed = seed
         self.partition_id = partition_id
+        self.state = dict(state or {})
+        self.received = dict(received or {})
+        self.upload = {}
 
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
         return [v.detach().cpu().numpy() for v in self.model.state_dict().values()]
@@ -79,6 +101,12 @@ class FedMechClient(NumPyClient):
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The local objective; subclasses change it (the default is cross-entropy)."""
         return nn.functional.cross_entropy(logits, y)
+
+    def objective(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch's ``(loss, logits)``: ``loss`` of the model's logits. A behaviour that
+        needs the penultimate features (``model.forward_features``) overrides this."""
+        logits = self.model(x)
+        return self.loss(logits, y), logits
 
     def round_data(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """This round's training samples: all of them, or a seeded subset."""
@@ -97,7 +125,7 @@ class FedMechClient(NumPyClient):
         pruner = None
         if self.pruning.mode == "magnitude":
             pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
-        stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.loss, pruner)
+        stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.objective, pruner)
         metrics = {
             "train-loss": stats.loss,
             "train-accuracy": stats.accuracy,

@@ -62,6 +62,8 @@ class ClientUpdate:
     """``client_side`` results (after local training), keyed by diagnostic name."""
     global_diagnostics: dict[str, Any] = field(default_factory=dict)
     """``client_side_global`` results (on this round's aggregate), keyed by name."""
+    state: NamedArrays = field(default_factory=dict)
+    """The client's own state after this round (``FedMechClient.state``); empty for most."""
 
 
 @dataclass

@@ -7,6 +7,11 @@ Build Flower strategies with ``**OFFERED_NODES_ONLY`` to get that behaviour. A s
 that keeps state across rounds (server momentum, control variates) implements
 ``fedmech_flwr.hooks.Resumable`` so that a resumed run restores it.
 
+A strategy that pairs with its own client sends it arrays as extra ArrayRecords of the
+train message (the client reads them in ``FedMechClient.received``) and reads what the
+client uploads (``FedMechClient.upload``) from a reply with ``uploaded``. A client's
+own state across rounds is the client's (``FedMechClient.state``), kept by the core.
+
 A strategy with a client side registers its query handlers in ``CLIENT_QUERIES``, as a
 diagnostic overrides ``client_side``: ``handler(QueryContext) -> RecordDict``. The strategy
 sends ``query.<name>`` with :func:`fedmech_flwr.wire.query_nodes`: arrays, and a
@@ -22,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from fedmech_flwr.arrays import NamedArrays
+from fedmech_flwr.arrays import NamedArrays, unpack
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.registry import Registry
+from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
 OFFERED_NODES_ONLY: dict[str, Any] = {
     "fraction_train": 1.0,
@@ -86,3 +92,13 @@ class QueryContext:
 CLIENT_QUERIES: Registry[Callable[[QueryContext], RecordDict]] = Registry("client query")
 """Strategies' client-side handlers by query name: ``query.<name>`` is answered with
 ``handler(ctx)``'s record."""
+
+
+def uploaded(reply: Message, name: str) -> NamedArrays:
+    """The arrays a train reply's client uploaded under ``name`` (``FedMechClient.upload``);
+    a RuntimeError naming the client's plug-in pairing when it sent none."""
+    report = reply.content.config_records[REPORT_KEY]
+    if UPLOAD_PREFIX + name not in report:
+        raise RuntimeError(f"client {report['partition-id']} uploaded no '{name}' arrays: the strategy needs the "
+                           "client it pairs with (see `fedmech list strategies`)")
+    return unpack(report[UPLOAD_PREFIX + name])

@@ -39,7 +39,16 @@ class TrainConfig:
     """Train on a seeded random subset of this many local samples per round; null = all."""
 
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""``objective(images, labels) -> (loss, logits)`` of one batch: what local training minimises."""
+
+
+def cross_entropy_objective(model: nn.Module) -> Objective:
+    """The plain objective: the cross-entropy of ``model``'s logits."""
+    def objective(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(x)
+        return nn.functional.cross_entropy(logits, y), logits
+    return objective
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -125,10 +134,11 @@ def train_epochs(
     y: torch.Tensor,
     cfg: TrainConfig,
     generator: torch.Generator,
-    loss_fn: LossFn,
+    objective: Objective,
     pruner: MagnitudePruner | None = None,
 ) -> TrainStats:
-    """Train ``model`` for ``cfg.epochs`` epochs on (x, y), pruning after every step."""
+    """Train ``model`` for ``cfg.epochs`` epochs on (x, y) to minimise ``objective``,
+    pruning after every step."""
     model.train()
     optimizer = make_optimizer(model.parameters(), cfg)
     n = len(x)
@@ -141,8 +151,7 @@ def train_epochs(
         for i in range(0, n, cfg.batch_size):
             idx = order[i : i + cfg.batch_size]
             xb, yb = x[idx], y[idx]
-            logits = model(xb)
-            loss = loss_fn(logits, yb)
+            loss, logits = objective(xb, yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -20,6 +20,13 @@ IDENTIFY_ACTION = "identify"
 it holds; this project's ClientApp answers the plain ``query`` instead."""
 DATA_SPEC_KEY = "fedmech-data-spec"
 """ConfigRecord key holding what a node's own data must match (``NodeDataSpec`` as JSON)."""
+CLIENT_STATE_KEY = "client-state"
+"""A client's own state across rounds (``FedMechClient.state``): an ArrayRecord of this name
+in the node's ``context.state`` and, after a resume, in its first train message; packed
+bytes under this key in a train reply's report, the server's copy for resuming."""
+UPLOAD_PREFIX = "upload:"
+"""Report keys ``upload:<name>``: packed arrays a client sends its strategy besides the
+weights (``FedMechClient.upload``)."""
 CLIENT_IDS_KEY = "fedmech-client-ids"
 """ConfigRecord key holding ``{node_id: client_id}`` as JSON (own-data nodes learn their id)."""
 

@@ -13,6 +13,7 @@ from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.training import (
     TrainConfig,
     channels_last_copy,
+    cross_entropy_objective,
     evaluate,
     largest_predicted_class,
     local_steps,
@@ -79,7 +80,7 @@ def test_train_epochs_is_reproducible_and_counts_what_it_did():
     runs = []
     for _ in range(2):
         model, x, y = _model_and_data()
-        stats = train_epochs(model, x, y, cfg, seed_everything(5), nn.functional.cross_entropy)
+        stats = train_epochs(model, x, y, cfg, seed_everything(5), cross_entropy_objective(model))
         runs.append((model.state_dict(), stats))
     (a, stats), (b, _) = runs
     assert all(torch.equal(a[k], b[k]) for k in a)  # same seed: bitwise the same weights

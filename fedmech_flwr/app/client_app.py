@@ -18,8 +18,14 @@ the due client-side diagnostics, and replies with:
   strategy averages these);
 - ``report``: ``partition-id`` (the client's id: a shard node's partition-id, or the id the
   server gave an own-data node), ``details`` (a JSON string with per-client values that
-  must not be averaged: per-class accuracy, per-layer sparsity) and the client-side
-  diagnostic results (see ``hooks.encode_results``).
+  must not be averaged: per-class accuracy, per-layer sparsity), the client-side
+  diagnostic results (see ``hooks.encode_results``), the arrays the client uploads for its
+  strategy (``upload:<name>``) and its state (``client-state``), packed.
+
+A client's state (``FedMechClient.state``) is kept in the node's ``context.state`` between
+rounds; a train message that carries a ``client-state`` ArrayRecord (a resumed run's first
+message to the node) replaces it. Other ArrayRecords of a train message are the
+strategy's (``FedMechClient.received``).
 
 ``query.diagnose`` messages (sent by the run's round end after aggregation) carry the new
 aggregate; the ClientApp runs the due diagnostics' ``client_side_global`` on it with the
@@ -45,14 +51,23 @@ from flwr.clientapp import ClientApp
 from fedmech_flwr import plugins
 from fedmech_flwr.app.client_side import NodeRound
 from fedmech_flwr.app.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
-from fedmech_flwr.arrays import from_record, load_model_arrays, to_record
+from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, pack, to_record
 from fedmech_flwr.client import CLIENTS, ClientData
 from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
-from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.wire import (
+    CLIENT_IDS_KEY,
+    CLIENT_STATE_KEY,
+    CONFIG_KEY,
+    DATA_SPEC_KEY,
+    DIAGNOSE_ACTION,
+    IDENTIFY_ACTION,
+    REPORT_KEY,
+    UPLOAD_PREFIX,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,12 +231,23 @@ def identify(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"node": MetricRecord({"partition-id": pid, "num-partitions": total})}), reply_to=msg)
 
 
+def _client_state(msg: Message, context: Context) -> NamedArrays:
+    """The client's state: the copy a resumed run's server sent, else what this node kept
+    from the client's last round (empty at first)."""
+    for holder in (msg.content, context.state):
+        if CLIENT_STATE_KEY in holder.array_records:
+            return from_record(holder.array_records[CLIENT_STATE_KEY])
+    return {}
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg, server_round, pid, device, data, model = _setup(msg, context)
+    received = {name: from_record(record) for name, record in msg.content.array_records.items()
+                if name not in ("arrays", CLIENT_STATE_KEY)}
     client = CLIENTS.get(cfg.client.name).factory(
         cfg.client.params, model=model, data=data, train=cfg.train, pruning=cfg.pruning,
-        seed=cfg.seed, partition_id=pid,
+        seed=cfg.seed, partition_id=pid, state=_client_state(msg, context), received=received,
     )
     global_arrays = from_record(msg.content["arrays"])
     params = [global_arrays[k] for k in model.state_dict()]
@@ -236,10 +262,16 @@ def train(msg: Message, context: Context) -> Message:
         val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
     node = NodeRound(cfg.diagnostics, server_round, pid, data.x, data.y, data.num_classes, device, cfg.seed)
+    report = node.train_report(global_model.eval(), model.eval(), details)
+    for name, arrays in client.upload.items():
+        report[UPLOAD_PREFIX + name] = pack(arrays)
+    if client.state:
+        context.state[CLIENT_STATE_KEY] = to_record(client.state)
+        report[CLIENT_STATE_KEY] = pack(client.state)
     content = RecordDict({
         "arrays": to_record(dict(zip(model.state_dict(), new_params))),
         "metrics": MetricRecord({"num-examples": int(num_examples), **numeric}),
-        REPORT_KEY: node.train_report(global_model.eval(), model.eval(), details),
+        REPORT_KEY: report,
     })
     return Message(content, reply_to=msg)
 

@@ -19,9 +19,12 @@
 - the per-client record of every round (FedAvg only keeps averaged metrics), and the
   round's book-keeping (``RoundSummary``: who was sampled and succeeded, the model sent
   and the updates received) that the run's round end (``fedmech_flwr.app.run``) reads;
+- the server's copy of each client's own state (``FedMechClient.state``, kept on the node
+  between rounds): the state of its last accepted reply, saved with every resume point;
 - resuming a killed run: Flower's ``Strategy.start`` always counts rounds from 1, so a
   run resumed after round r runs the remaining rounds with every round number shifted
-  by r (``resume_after``).
+  by r (``resume_after``); a client's first train message after the resume carries its
+  saved state back to its node.
 
 So every strategy, built-in or user-written, gets the same protocol.
 """
@@ -40,13 +43,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.superlink.grid import InMemoryGrid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record
+from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record, unpack
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import raised_where_in_text
 from fedmech_flwr.hooks import ClientUpdate, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line, strip_colours
 from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.wire import IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.wire import CLIENT_STATE_KEY, IDENTIFY_ACTION, REPORT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +262,7 @@ def client_update(reply: Message) -> ClientUpdate:
         num_examples=int(metrics["num-examples"]),
         metrics={**metrics, **details},
         diagnostics=decode_results(report),
+        state=unpack(report[CLIENT_STATE_KEY]) if CLIENT_STATE_KEY in report else {},
     )
 
 
@@ -303,6 +307,10 @@ class RoundProtocol(Strategy):
         self.offset = resume_after or 0
         """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
+        self.client_states: dict[int, NamedArrays] = {}
+        """Client id -> the state its last accepted reply carried."""
+        self._on_node: set[int] = set()
+        """Clients whose node holds their state in this Flower run (they replied in it)."""
 
     def sample(self, server_round: int) -> list[int]:
         """Client ids trained in ``server_round`` (seeded by seed and round; sorted)."""
@@ -325,6 +333,11 @@ class RoundProtocol(Strategy):
         messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
         # a strategy that samples itself (a user's own, fraction_train < 1) trains fewer
         self.current.sampled = tuple(sorted(self.node_to_partition[m.metadata.dst_node_id] for m in messages))
+        for msg in messages:
+            pid = self.node_to_partition[msg.metadata.dst_node_id]
+            if pid in self.client_states and pid not in self._on_node:  # a resumed run: the node starts empty
+                # strategies share one content among their messages: this one gets its own
+                msg.content = RecordDict({**msg.content, CLIENT_STATE_KEY: to_record(self.client_states[pid])})
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -337,6 +350,9 @@ class RoundProtocol(Strategy):
         self.current.succeeded = tuple(updates)
         for update in updates.values():
             self.recorder.client(server_round, update)
+            self._on_node.add(update.partition_id)
+            if update.state:
+                self.client_states[update.partition_id] = update.state
         arrays, metrics = self.strategy.aggregate_train(server_round, [reply for reply, _ in usable])
         if arrays is None:
             raise ClientFailure(f"round {server_round}: {type(self.strategy).__name__} returned no aggregated model")
@@ -387,6 +403,16 @@ class RoundProtocol(Strategy):
             raise ClientFailure(
                 f"round {server_round}: only {num_usable} successful replies, federation.min_replies is {fed.min_replies}"
             )
+
+    def state_arrays(self) -> NamedArrays:
+        """The clients' states for the resume point, as ``<client id>/<name>``."""
+        return {f"{pid}/{k}": v for pid, state in sorted(self.client_states.items()) for k, v in state.items()}
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None:
+        self.client_states = {}
+        for key, value in arrays.items():
+            pid, name = key.split("/", 1)
+            self.client_states.setdefault(int(pid), {})[name] = value
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])

@@ -198,11 +198,11 @@ class Run:
             self._grid = grid
             self._train_config = ConfigRecord({**(train_config or {}), **inputs.identify,
                                                CLIENT_IDS_KEY: roster.ids_json()})
-            if point is not None:
-                self.restore(point.protocol_state)
             self.committed = point or ResumePoint(0, initial, {})
             self.protocol = RoundProtocol(inputs.strategy, self.cfg, roster.node_ids, folder, inputs.reprune,
                                           resume_after=point.last_round if point else None)
+            if point is not None:
+                self.restore(point.protocol_state)
             result = self.protocol.start(
                 grid, to_record(self.committed.global_arrays), num_rounds=fed.num_rounds - self.committed.last_round,
                 timeout=fed.round_timeout_s, train_config=self._train_config, evaluate_config=evaluate_config,
@@ -262,17 +262,18 @@ class Run:
     # --- resumable state -------------------------------------------------------------------
 
     def _stateful(self) -> list[tuple[str, Resumable]]:
-        owners = [("strategy/", self.inputs.strategy)]
+        owners = [("strategy/", self.inputs.strategy), ("clients/", self.protocol)]
         owners += [(f"diagnostic/{i}.{spec.name}/", diag) for i, (spec, diag) in enumerate(self.diagnostics)]
         return [(prefix, owner) for prefix, owner in owners if isinstance(owner, Resumable)]
 
     def state(self) -> NamedArrays:
-        """The ``Resumable`` strategy's and diagnostics' state, under ``strategy/`` and
-        ``diagnostic/<index>.<name>/``."""
+        """The ``Resumable`` strategy's and diagnostics' state and the clients' own, under
+        ``strategy/``, ``diagnostic/<index>.<name>/`` and ``clients/<client id>/``."""
         return {f"{prefix}{k}": v for prefix, owner in self._stateful() for k, v in owner.state_arrays().items()}
 
     def restore(self, state: NamedArrays) -> None:
-        """Give each ``Resumable`` strategy and diagnostic back what ``state`` saved."""
+        """Give each ``Resumable`` strategy and diagnostic, and the round protocol (the
+        clients' states), back what ``state`` saved."""
         for prefix, owner in self._stateful():
             owner.load_state_arrays({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
 
