@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -68,6 +69,14 @@ class Entry(Generic[F]):
     """What a diagnostic or strategy records, an ``fedmech_flwr.outputs.Outputs`` (which
     reads the registries, so it is not imported here): the report, the sweep's progress
     line and the published-value checks show these."""
+
+    @property
+    def summary(self) -> str:
+        """The first paragraph of the factory's docstring, else of its module's, as one line:
+        what the entry is and, for a published method, its paper."""
+        doc = inspect.getdoc(self.factory) if self.factory.__doc__ else None
+        doc = doc or inspect.getdoc(sys.modules.get(self.module)) or ""
+        return " ".join(doc.split("\n\n")[0].split())
 
     @property
     def origin(self) -> str:

@@ -46,16 +46,19 @@ def test_singular_kind_lists_the_same(capsys):
     assert listed(capsys, "strategy") == listed(capsys, "strategies")
 
 
-def test_fields_show_type_range_default_and_doc(capsys):
+def test_entries_show_what_they_are_then_each_fields_type_range_default_and_doc(capsys):
     out = listed(capsys, "partitions")
     assert out.startswith("PARTITIONS, chosen by data.partition: {name: NAME, KEY: VALUE, ...}\n")
     assert ("  dirichlet  from fedmech_flwr.partition (built-in)\n"
+            "    Label skew: for each class, draw client shares ~ Dir(alpha) and cut that class's shuffled\n"
+            "    indices by them. Every sample goes to some client.\n"
             "    alpha: float > 0 = 0.5\n"
             "        Concentration: small (0.05) gives each client few classes, large (1e6) near-iid.\n"
             "    min_samples: int >= 0 = 10\n"
             "        Redraw until every client has at least this many samples.\n") in out
     assert "    classes: dict[int, list[int]] (required)\n" in out
-    assert "  iid  (no parameters)  from fedmech_flwr.partition (built-in)\n" in out
+    assert ("  iid  (no parameters)  from fedmech_flwr.partition (built-in)\n"
+            "    Shuffle, then split into parts whose sizes differ by at most one.\n") in out
 
 
 def test_pairings_are_shown_both_ways(capsys):

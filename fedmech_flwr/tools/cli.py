@@ -98,8 +98,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _listing(kind: str, registry: Registry, width: int) -> str:
-    """One kind's entries, each with its pairing, where it comes from, and its config keys
-    (type, default, doc)."""
+    """One kind's entries, each with its pairing, where it comes from, what it is (its
+    docstring's first paragraph: a method's paper), and its config keys (type, default,
+    doc)."""
     plural = next(name for name, singular in LIST_KINDS.items() if singular == kind)
     key = PLUGIN_KEYS[kind]
     if kind == "diagnostic":
@@ -118,6 +119,8 @@ def _entry_text(kind: str, entry: Entry, width: int) -> str:
     if not fields:
         title += "  (no parameters)"
     lines = [f"{title}  from {entry.origin}"]
+    if entry.summary:
+        lines.append(textwrap.fill(entry.summary, width, initial_indent=" " * 4, subsequent_indent=" " * 4))
     for f in fields:
         if f.default is None:
             lines.append(f"    {f.key}:")

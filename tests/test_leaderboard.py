@@ -1,0 +1,63 @@
+"""The leaderboard's methods (experiments/paper/leaderboard.yaml): each is listed with its
+paper, and each runs end to end with the misalignment and circuits diagnostics, recording
+the metrics its strategy declares."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO, smoke_config
+from fedmech_flwr import plugins
+from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.config import read_yaml
+from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.tools.cli import main
+from fedmech_flwr.tools.sweep import load_sweep
+
+LEADERBOARD = REPO / "experiments" / "paper" / "leaderboard.yaml"
+METHODS: dict[str, dict] = read_yaml(LEADERBOARD)["zip"][0]
+"""Method label -> its strategy and client."""
+
+PAPER = re.compile(r"(arXiv:\d{4}\.\d{4,5}|(19|20)\d\d, [A-Z][A-Za-z]+)")
+"""A citation in a summary: an arXiv id, or a year and a venue (``2021, KDD``)."""
+
+
+def test_every_method_is_listed_with_its_paper(capsys):
+    assert main(["list", "strategies"]) == 0
+    listing = capsys.readouterr().out
+    plugins.load()
+    for method in METHODS.values():
+        name = method["strategy"]["name"]
+        assert f"\n  {name}  " in listing
+        assert PAPER.search(STRATEGIES.get(name).summary), f"{name}: {STRATEGIES.get(name).summary!r}"
+
+
+def test_the_cpu_grid_is_every_method_at_two_skews_and_three_seeds():
+    plan = load_sweep(LEADERBOARD, preset="cpu")
+    assert len(plan.cells) == len(METHODS) * 2 * 3 == 78
+    assert {c.config.train.optimizer for c in plan.cells} == {"sgd"}  # one local optimiser for all
+
+
+SMOKE = [
+    "data.audit_per_class=15", "pruning.mode=dense", "train.optimizer=sgd", "train.lr=0.05",
+    "diagnostics=[{name: misalignment, every: 2, head_samples: 20, client_stats: []}, "
+    "{name: circuits, every: 2, gates: {steps: 10, batch_size: 16}, min_class_samples: 5, ablation_samples: 20, "
+    "ablations: [global]}]",
+]
+
+
+@pytest.mark.parametrize("label", list(METHODS))
+def test_each_method_runs_with_the_diagnostics_and_records_its_metrics(label, tmp_path):
+    method = METHODS[label]
+    cfg = smoke_config([*SMOKE, f"strategy={{name: {method['strategy']['name']}}}",
+                        f"client={{name: {method['client']['name']}}}"])
+    run = run_in_process(cfg, tmp_path)
+    diagnostics = {r["name"] for r in read_records(run, "diagnostic") if r["round"] == 2}
+    assert diagnostics == {"misalignment", "circuits"}
+    outputs = STRATEGIES.get(cfg.strategy.name).outputs
+    if outputs is not None:
+        [last] = [r for r in read_records(run, "strategy") if r["round"] == 2]
+        assert set(outputs.metrics) <= set(last), f"declared but not recorded: {set(outputs.metrics) - set(last)}"
