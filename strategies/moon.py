@@ -1,0 +1,21 @@
+"""MOON (Li, He and Song 2021, CVPR, arXiv:2103.16257): FedAvg on the server.
+
+MOON changes local training only (client ``moon``: cross-entropy plus the model-contrastive
+term, see ``clients/moon.py``); its server averages as FedAvg does. This is FedAvg
+registered under the method's name, so that ``strategy: moon`` names the method, refuses
+a client that would silently train plain FedAvg, and records the clients' mean
+contrastive loss.
+"""
+
+from __future__ import annotations
+
+from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.strategy import STRATEGIES
+from strategies.fedavg import FedAvgConfig, fedavg
+
+OUTPUTS = Outputs("MOON (strategy)", {
+    "moon_contrastive_loss": Metric("MOON contrastive loss l_con (clients' mean)", ("moon_contrastive_loss",),
+                                    "loss", 3),
+}, curves=("moon_contrastive_loss",))
+
+STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)(fedavg)

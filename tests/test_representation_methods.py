@@ -1,0 +1,278 @@
+"""Representation and classifier methods: MOON, FedRS, FedDecorr and FedETF.
+
+Each rule against a hand-computed case, the clients' wiring on a tiny model, and one
+in-process smoke run per method with the misalignment diagnostic."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import ConfigRecord, Message
+
+from clients.etf import ETFClient, ETFConfig, check_etf_client, etf_logits
+from clients.feddecorr import FedDecorrClient, FedDecorrConfig, decorrelation_loss
+from clients.fedrs import FedRSClient, FedRSConfig, restricted_logits
+from clients.moon import MoonClient, MoonConfig, model_contrastive_loss
+from conftest import as_killed, assert_same_run, run_folders, smoke_config
+from faults import Fault, SimulatedCrash, faulty_app
+from fedmech_flwr.app.inprocess import resume_in_process, run_in_process, train_replies
+from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
+from fedmech_flwr.client import ClientData
+from fedmech_flwr.data import DataInfo
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.models import build_model
+from fedmech_flwr.pruning import PruningConfig
+from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.training import TrainConfig
+from strategies.fedavg import FedAvgConfig
+from strategies.fedetf import check_fedetf, simplex_etf
+
+LABELS = (0, 0, 0, 1, 1, 2)
+"""x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""
+
+
+def tiny_model():
+    return build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
+
+
+def make_client(cls, params, state: NamedArrays | None = None):
+    torch.manual_seed(0)
+    y = torch.tensor(LABELS * 4)
+    data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
+    return cls(params, model=tiny_model(), data=data, train=TrainConfig(epochs=1, batch_size=8, lr=0.01),
+               pruning=PruningConfig(mode="dense"), seed=0, partition_id=0, state=state)
+
+
+def params_of(client) -> list[np.ndarray]:
+    return [a.copy() for a in client.get_parameters({})]  # get_parameters shares memory with the model
+
+
+# --- MOON -------------------------------------------------------------------------------
+
+def test_model_contrastive_loss_known_answers():
+    # z = z_glob, z orthogonal to z_prev: logits [1, 0] / 0.5 = [2, 0]
+    one = model_contrastive_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]), 0.5)
+    torch.testing.assert_close(one, torch.tensor(-math.log(math.e**2 / (math.e**2 + math.e**0))))
+    # cos(z, z_glob) = 1/sqrt(2), cos(z, z_prev) = -1/sqrt(2): logits [sqrt(2), -sqrt(2)] / 0.5; magnitudes do not count
+    two = model_contrastive_loss(torch.tensor([[3.0, 3.0]]), torch.tensor([[2.0, 0.0]]), torch.tensor([[-1.0, 0.0]]), 0.5)
+    torch.testing.assert_close(two, torch.tensor(math.log(1 + math.exp(-4 * math.sqrt(0.5)))))
+    batch = model_contrastive_loss(torch.tensor([[1.0, 0.0], [3.0, 3.0]]), torch.tensor([[1.0, 0.0], [2.0, 0.0]]),
+                                   torch.tensor([[0.0, 1.0], [-1.0, 0.0]]), 0.5)
+    torch.testing.assert_close(batch, (one + two) / 2)  # the batch's mean
+
+
+def test_moon_first_round_is_cross_entropy_and_keeps_its_weights_as_state():
+    client = make_client(MoonClient, MoonConfig(mu=5.0))
+    start = params_of(client)
+    client.set_parameters(start)
+    x, y = client.data.x[:8], client.data.y[:8]
+    loss, logits = client.objective(x, y)
+    torch.testing.assert_close(loss, F.cross_entropy(client.model(x), y))
+    weights, _, metrics = client.fit(start, {"server-round": 1})
+    assert metrics["moon-contrastive-loss"] == 0.0
+    assert list(client.state) == list(client.model.state_dict())
+    for key, w in zip(client.state, weights):
+        assert client.state[key].tobytes() == w.tobytes()
+    assert not np.array_equal(client.state["conv1.weight"], start[0])  # it trained
+
+
+def test_moon_contrasts_with_the_global_and_the_previous_model():
+    global_params = params_of(make_client(MoonClient, MoonConfig()))
+    x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 3] * 2)
+
+    # previous model = global model: both similarities equal, l_con = -log(1/2) whatever the features
+    same = make_client(MoonClient, MoonConfig(mu=2.0), state=dict(zip(tiny_model().state_dict(), global_params)))
+    same.set_parameters(global_params)
+    loss, logits = same.objective(x, y)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 2.0 * math.log(2))
+
+    # a different previous model; the model being trained starts at the global one, so
+    # sim(z, z_glob) = 1 and l_con = log(1 + exp((sim(z, z_prev) - 1) / tau)) < log 2
+    previous = tiny_model()
+    other = make_client(MoonClient, MoonConfig(mu=2.0, temperature=0.5), state=model_arrays(previous))
+    other.set_parameters(global_params)
+    loss, logits = other.objective(x, y)
+    with torch.no_grad():
+        cos_prev = F.cosine_similarity(other.model.forward_features(x), previous.forward_features(x), dim=1)
+    l_con = torch.log1p(torch.exp((cos_prev - 1) / 0.5)).mean()
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 2.0 * l_con, rtol=1e-5, atol=1e-6)
+    assert l_con < math.log(2) - 1e-3  # swapping global and previous would give more than log 2
+
+
+# --- FedRS ------------------------------------------------------------------------------
+
+def test_restricted_logits_known_answer():
+    h = torch.tensor([[1.0, 2.0]])
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    bias = torch.tensor([0.5, 0.4, -1.0])
+    scale = torch.tensor([1.0, 0.5, 1.0])  # class 1 absent, alpha = 0.5
+    # w.h = [1, 2, 3] -> [1, 0.5 * 2, 3] + b = [1.5, 1.4, 2.0]; the bias is not scaled
+    torch.testing.assert_close(restricted_logits(h, weight, bias, scale), torch.tensor([[1.5, 1.4, 2.0]]))
+    torch.testing.assert_close(restricted_logits(h, weight, None, scale), torch.tensor([[1.0, 1.0, 3.0]]))
+
+
+def test_fedrs_client_restricts_the_classes_it_does_not_hold():
+    client = make_client(FedRSClient, FedRSConfig(alpha=0.25))
+    torch.testing.assert_close(client.scale, torch.tensor([1.0, 1.0, 1.0, 0.25]))  # class 3 absent
+    x, y = client.data.x[:8], client.data.y[:8]
+    loss, logits = client.objective(x, y)
+    with torch.no_grad():
+        h, head = client.model.forward_features(x), client.model.head
+    wh = h @ head.weight.T
+    expected = torch.cat([wh[:, :3], 0.25 * wh[:, 3:]], dim=1) + head.bias
+    torch.testing.assert_close(loss, F.cross_entropy(expected, y))
+    torch.testing.assert_close(logits, client.model(x))  # the model's own prediction, for train accuracy
+    plain = make_client(FedRSClient, FedRSConfig(alpha=1.0))
+    torch.testing.assert_close(plain.objective(x, y)[0], F.cross_entropy(plain.model(x), y))
+
+
+# --- FedDecorr --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("columns", "expected"), [
+    # K = [[1, 1], [1, 1]]: ||K||^2 / d^2 = 4 / 4
+    ([[1, 2, 3, 4], [3, 5, 7, 9]], 1.0),
+    # anti-correlated, K = [[1, -1], [-1, 1]]: the sign does not count
+    ([[1, 2, 3, 4], [4, 3, 2, 1]], 1.0),
+    # orthogonal centred columns, K = I: 2 / 4
+    ([[1, -1, 1, -1], [1, 1, -1, -1]], 0.5),
+    # two equal columns and one orthogonal: ||K||^2 = 4 + 1 = 5, over 9
+    ([[1, -1, 1, -1], [1, -1, 1, -1], [1, 1, -1, -1]], 5 / 9),
+])
+def test_decorrelation_loss_known_answers(columns, expected):
+    features = torch.tensor(columns, dtype=torch.float32).T  # [N, d]
+    torch.testing.assert_close(decorrelation_loss(features), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    scaled = features * torch.tensor([10.0] + [0.1] * (features.shape[1] - 1)) + 7.0  # per-dimension affine maps
+    torch.testing.assert_close(decorrelation_loss(scaled), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_feddecorr_client_adds_beta_times_the_term_and_reports_it():
+    client = make_client(FedDecorrClient, FedDecorrConfig(beta=0.3))
+    x, y = client.data.x[:8], client.data.y[:8]
+    loss, logits = client.objective(x, y)
+    with torch.no_grad():
+        decorr = decorrelation_loss(client.model.forward_features(x))
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 0.3 * decorr)
+    _, _, metrics = make_client(FedDecorrClient, FedDecorrConfig()).fit(params_of(client), {"server-round": 1})
+    assert 1 / client.model.feature_dim <= metrics["feddecorr-loss"] <= 1
+
+
+# --- FedETF -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("classes", "dim"), [(2, 2), (4, 10), (10, 64)])
+def test_simplex_etf_geometry(classes, dim):
+    w = simplex_etf(classes, dim, seed=3)
+    assert w.shape == (classes, dim)
+    np.testing.assert_allclose(np.linalg.norm(w, axis=1), 1.0, atol=1e-12)
+    cosines = w @ w.T
+    np.testing.assert_allclose(cosines[~np.eye(classes, dtype=bool)], -1 / (classes - 1), atol=1e-12)
+    np.testing.assert_allclose(w.sum(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_array_equal(simplex_etf(classes, dim, seed=3), w)  # seeded
+    assert not np.allclose(simplex_etf(classes, dim, seed=4), w)
+
+
+def test_etf_logits_known_answer():
+    w = torch.from_numpy(simplex_etf(4, 6, seed=0)).float()
+    h = 3 * w[:1]  # along class 0: cosines [1, -1/3, -1/3, -1/3], divided by T = 0.1
+    logits = etf_logits(h, w, 0.1)
+    torch.testing.assert_close(logits, torch.tensor([[10.0, -10 / 3, -10 / 3, -10 / 3]]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(F.cross_entropy(logits, torch.tensor([0])),
+                               torch.tensor(-math.log(math.e**10 / (math.e**10 + 3 * math.e ** (-10 / 3)))))
+
+
+class _Grid:
+    """What FedAvg's configure_train asks of a grid."""
+
+    def get_node_ids(self):
+        return [1000, 1001]
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+
+def test_fedetf_sends_and_keeps_the_etf_head(flower_identity):
+    model = tiny_model()
+    initial = model_arrays(model)
+
+    def build(arrays: NamedArrays):
+        built = tiny_model()
+        load_model_arrays(built, arrays)
+        return built.eval()
+
+    ctx = StrategyContext(4, 2, 7, 60.0, initial, build, None)
+    strategy = STRATEGIES.get("fedetf").factory(FedAvgConfig(), ctx)
+    etf = simplex_etf(4, model.feature_dim, seed=7).astype(np.float32)
+    [sent, _] = strategy.configure_train(1, to_record(initial), ConfigRecord(), _Grid())
+    arrays = from_record(sent.content["arrays"])
+    assert arrays["head.weight"].tobytes() == etf.tobytes()
+    assert not arrays["head.bias"].any()
+    assert arrays["conv1.weight"].tobytes() == initial["conv1.weight"].tobytes()
+
+    # the client trains the body under the frozen head ...
+    client = make_client(ETFClient, ETFConfig())
+    weights, _, _ = client.fit([arrays[k].copy() for k in client.model.state_dict()], {"server-round": 1})
+    trained = dict(zip(client.model.state_dict(), (w.copy() for w in weights)))
+    assert trained["head.weight"].tobytes() == etf.tobytes() and not trained["head.bias"].any()
+    assert not np.array_equal(trained["conv1.weight"], arrays["conv1.weight"])
+    # ... and the aggregate's head is the ETF even where a reply's head moved
+    moved = {**trained, "head.weight": trained["head.weight"] + 1, "head.bias": trained["head.bias"] - 1}
+    got = from_record(strategy.aggregate_train(1, train_replies([trained, moved], [10, 30]))[0])
+    assert got["head.weight"].tobytes() == etf.tobytes() and not got["head.bias"].any()
+    np.testing.assert_allclose(got["conv1.weight"], trained["conv1.weight"], rtol=1e-6)
+
+
+def test_etf_client_balanced_shift_and_refusals():
+    balanced = make_client(ETFClient, ETFConfig())
+    torch.testing.assert_close(balanced.shift, torch.log(torch.tensor([12.0, 8.0, 4.0, 1.0])))  # absent: n = 1
+    assert not make_client(ETFClient, ETFConfig(balanced=False)).shift.any()
+    data = DataInfo(torch.arange(100) % 10, 10, 10, (1, 12, 12))
+    narrow = smoke_config(["model.channels=[1, 1]"])  # 1 x 3 x 3 = 9 features < 10 classes
+    with pytest.raises(ConfigError, match="only 9 penultimate features.*at least 10 features"):
+        check_fedetf(FedAvgConfig(), narrow, data, "x.yaml: strategy")
+    check_fedetf(FedAvgConfig(), smoke_config(["model.channels=[1, 2]"]), data, "x.yaml: strategy")  # 18 >= 10
+    pruned_head = smoke_config(["pruning.include_head=true"])
+    with pytest.raises(ConfigError, match="set pruning.include_head=false"):
+        check_etf_client(ETFConfig(), pruned_head, data, "x.yaml: client")
+
+
+# --- smoke runs -------------------------------------------------------------------------
+
+METHODS = {"moon": "moon", "fedrs": "fedrs", "feddecorr": "feddecorr", "etf": "fedetf"}
+"""client -> strategy."""
+MISALIGNMENT = ["data.audit_per_class=15", "diagnostics=[{name: misalignment, head_samples: 20}]"]
+
+
+@pytest.mark.parametrize("client", sorted(METHODS))
+def test_smoke_run_records_the_method_and_the_misalignment_diagnostic(client, tmp_path):
+    strategy = METHODS[client]
+    cfg = smoke_config([f"client={{name: {client}}}", f"strategy={{name: {strategy}}}", *MISALIGNMENT])
+    run = run_in_process(cfg, tmp_path)
+    assert [r["round"] for r in read_records(run, "diagnostic")] == [1, 2]
+    records = read_records(run, "strategy")
+    outputs = STRATEGIES.get(strategy).outputs
+    for key, metric in (outputs.metrics.items() if outputs else ()):
+        assert all(metric.path[0] in r for r in records), key
+    if client == "moon":  # no previous model in round 1; the node kept one for round 2
+        assert [r["moon_contrastive_loss"] > 0 for r in records] == [False, True]
+    if client == "etf":
+        final = load_arrays(run / "model_final.safetensors")
+        assert final["head.weight"].tobytes() == simplex_etf(4, 72, cfg.seed).astype(np.float32).tobytes()
+        assert not final["head.bias"].any()
+
+
+def test_moon_previous_models_survive_a_resume(tmp_path):
+    """Killed in round 3, resumed: the server sends each client the state it kept, so round
+    3 contrasts with the same previous models and the run is the uninterrupted one."""
+    overrides = ["client={name: moon}", "strategy={name: moon}", "federation.num_rounds=3"]
+    reference = run_in_process(smoke_config(overrides), tmp_path / "reference")
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(overrides), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
+    [run] = run_folders(tmp_path / "killed")
+    as_killed(run)
+    assert resume_in_process(run) == Path(run)
+    assert_same_run(reference, run)
