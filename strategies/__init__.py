@@ -10,4 +10,4 @@ Work on the clients' data is a client query: register its handler in
 ``fedmech_flwr.strategy.CLIENT_QUERIES`` (``class_stats`` is one).
 """
 
-from strategies import circuit_masked, class_stats, fedavg, fedbabu, fedprox, matched_avg, realign  # noqa: F401
+from strategies import circuit_masked, class_stats, fedavg, fedbabu, fedopt, fedprox, fedrod, matched_avg, realign  # noqa: F401
