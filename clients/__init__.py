@@ -6,4 +6,4 @@ certain strategies, ``check=`` for rules between its parameters and the experime
 data, run at validation) and import the module here.
 """
 
-from clients import etf, fedbabu, feddecorr, fedlc, fedrs, moon, plain, proximal  # noqa: F401
+from clients import etf, fedbabu, feddecorr, fedlc, fedrod, fedrs, moon, plain, proximal  # noqa: F401

@@ -1,0 +1,230 @@
+"""Flower's server optimisers, wrapped as they are: FedAdam, FedYogi, FedAdagrad, FedAvgM.
+
+Adaptive federated optimisation (Reddi et al. 2021, ICLR, arXiv:2003.00295, Algorithm 2)
+treats the mean client update as a pseudo-gradient for a server optimiser. With x_t the
+model sent in round t and Delta_t = (mean of the clients' models) - x_t:
+
+    m_t = beta_1 m_{t-1} + (1 - beta_1) Delta_t
+    v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2                      FedAdam
+    v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2)   FedYogi
+    v_t = v_{t-1} + Delta_t^2                                          FedAdagrad
+    x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
+
+as Flower 1.42 implements it, which differs from Algorithm 2 in three places: m and v
+start at 0 (the paper: v_{-1} >= tau^2); FedAdagrad has beta_1 = 0 (m_t = Delta_t);
+FedAdam's eta is bias-corrected, eta_t = eta sqrt(1 - beta_2^(t+1)) / (1 - beta_1^(t+1))
+with t the server round (Kingma & Ba's correction, with the exponent one above theirs).
+
+FedAvgM (Hsu et al. 2019, arXiv:1909.06335) is server SGD with momentum on the
+pseudo-gradient g_t = x_t - mean, in PyTorch's convention (v_1 = g_1):
+
+    v_t = beta v_{t-1} + g_t,    x_{t+1} = x_t - eta v_t
+
+(``server_momentum`` beta, ``server_learning_rate`` eta; Flower's defaults, 0 and 1, make it
+FedAvg), where x_t is FedAvgM's own last aggregate, which is the model sent unless
+``pruning.server_reprune`` re-prunes it before it is sent.
+
+The mean is fedmech's (``WeightedFedAvg``: float64, client weights by examples, Flower's
+default, or uniform, as Algorithm 2 writes it), reached through Flower's own ``super()``
+calls.
+What the wrapper adds, and nothing more:
+
+- the server optimiser's state (m_t and v_t; FedAvgM's momentum vector and last
+  aggregate) saved and restored for a resume (``Resumable``);
+- the returned model in the model's names, order and dtypes: Flower returns float64
+  (FedAdam's bias-corrected eta is a NumPy float64, which promotes float32 weights) and
+  turns integer buffers into floats; each array is cast back, integers rounded;
+- the model goes out in the model's array order: a resumed run's model comes back from
+  its file in name order, and Flower's FedAvgM pairs its arrays with the aggregate's by
+  position;
+- ``fedopt-update-norm``, the L2 norm of the server's step x_{t+1} - x_t (floating-point
+  arrays), in the round's strategy record.
+
+Flower's ``eta_l`` (the clients' learning rate in the paper) is kept as Flower's argument:
+Flower only logs it; the clients train with ``train.lr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
+
+from fedmech_flwr.arrays import NamedArrays, from_record, to_record
+from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.run_folder import record_key
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
+from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+
+UPDATE_NORM = "fedopt-update-norm"
+
+OUTPUTS = Outputs("Server optimiser (strategy)", {
+    record_key(UPDATE_NORM): Metric("server step ||x_{t+1} - x_t||", (record_key(UPDATE_NORM),), "L2", 3),
+}, curves=(record_key(UPDATE_NORM),))
+"""One declaration, shared by the four strategies here (one key, one meaning)."""
+
+
+@dataclass
+class FedAdamConfig(FedAvgConfig):
+    """Flower's ``FedAdam`` arguments and defaults."""
+
+    eta: float = field(default=1e-1, metadata={"gt": 0.0})
+    """Server learning rate."""
+    eta_l: float = field(default=1e-1, metadata={"gt": 0.0})
+    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
+    beta_1: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
+    """First-moment (momentum) decay."""
+    beta_2: float = field(default=0.99, metadata={"ge": 0.0, "lt": 1.0})
+    """Second-moment decay."""
+    tau: float = field(default=1e-3, metadata={"gt": 0.0})
+    """Adaptivity: added to sqrt(v_t) in the denominator."""
+
+
+@dataclass
+class FedYogiConfig(FedAdamConfig):
+    """Flower's ``FedYogi`` arguments and defaults."""
+
+    eta: float = field(default=1e-2, metadata={"gt": 0.0})
+    """Server learning rate."""
+    eta_l: float = field(default=0.0316, metadata={"gt": 0.0})
+    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
+
+
+@dataclass
+class FedAdagradConfig(FedAvgConfig):
+    """Flower's ``FedAdagrad`` arguments and defaults (it fixes beta_1 = beta_2 = 0)."""
+
+    eta: float = field(default=1e-1, metadata={"gt": 0.0})
+    """Server learning rate."""
+    eta_l: float = field(default=1e-1, metadata={"gt": 0.0})
+    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
+    tau: float = field(default=1e-3, metadata={"gt": 0.0})
+    """Adaptivity: added to sqrt(v_t) in the denominator."""
+
+
+@dataclass
+class FedAvgMConfig(FedAvgConfig):
+    """Flower's ``FedAvgM`` arguments and defaults (which make it FedAvg)."""
+
+    server_learning_rate: float = field(default=1.0, metadata={"gt": 0.0})
+    """eta: x_{t+1} = x_t - eta v_t."""
+    server_momentum: float = field(default=0.0, metadata={"ge": 0.0, "lt": 1.0})
+    """beta: v_t = beta v_{t-1} + (x_t - mean)."""
+
+
+def _as(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``value`` in ``dtype``, rounded to the nearest integer for an integer dtype."""
+    return np.rint(value).astype(dtype) if np.issubdtype(dtype, np.integer) else np.asarray(value).astype(dtype)
+
+
+def _pick(arrays: NamedArrays, prefix: str, names: Iterable[str]) -> NamedArrays:
+    """``arrays[prefix + name]`` for each of ``names`` present, keyed by name."""
+    return {k: arrays[prefix + k] for k in names if prefix + k in arrays}
+
+
+class ServerOptimiser:
+    """What fedmech adds to a Flower server optimiser; listed before Flower's class in the
+    bases, with ``WeightedFedAvg`` after it (``class X(ServerOptimiser, FedAdam,
+    WeightedFedAvg)``), so Flower's ``super().aggregate_train`` is fedmech's mean.
+
+    ``model`` holds the model's arrays in ``state_dict`` order (their names, order and dtypes
+    are what the aggregate is returned in).
+    """
+
+    def __init__(self, model: NamedArrays, weighting: str = "examples", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weighting = weighting
+        self.dtypes = {k: v.dtype for k, v in model.items()}
+        self.sent: NamedArrays = {}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        received = from_record(arrays)
+        self.sent = {k: received[k] for k in self.dtypes}
+        return super().configure_train(server_round, to_record(self.sent), config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None:
+            return None, None
+        stepped = from_record(arrays)
+        out = {k: _as(stepped[k], dtype) for k, dtype in self.dtypes.items()}
+        step = [out[k].astype(np.float64) - self.sent[k] for k, d in self.dtypes.items() if np.issubdtype(d, np.floating)]
+        metrics[UPDATE_NORM] = float(np.sqrt(sum(np.sum(np.square(s)) for s in step)))
+        return to_record(out), metrics
+
+
+class FedOptState:
+    """FedAdam's, FedYogi's and FedAdagrad's state: the moments m_t and v_t (None before
+    the first aggregation; Flower holds a 0-d array's moments as NumPy scalars).
+    ``current_arrays`` is not kept: ``configure_train`` sets it from the model sent each
+    round."""
+
+    def state_arrays(self) -> NamedArrays:
+        return {f"{name}/{k}": np.asarray(v) for name in ("m_t", "v_t") for k, v in (getattr(self, name) or {}).items()}
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None:
+        self.m_t = _pick(arrays, "m_t/", self.dtypes) or None
+        self.v_t = _pick(arrays, "v_t/", self.dtypes) or None
+
+
+class ResumableFedAdam(ServerOptimiser, FedOptState, FedAdam, WeightedFedAvg):
+    """Flower's FedAdam on fedmech's mean."""
+
+
+class ResumableFedYogi(ServerOptimiser, FedOptState, FedYogi, WeightedFedAvg):
+    """Flower's FedYogi on fedmech's mean."""
+
+
+class ResumableFedAdagrad(ServerOptimiser, FedOptState, FedAdagrad, WeightedFedAvg):
+    """Flower's FedAdagrad on fedmech's mean."""
+
+
+class ResumableFedAvgM(ServerOptimiser, FedAvgM, WeightedFedAvg):
+    """Flower's FedAvgM on fedmech's mean. Its state: the momentum vector (a list in the
+    aggregate's array order; None until the first step with momentum) and its last
+    aggregate ``current_arrays`` (the x_t of its next step; set from the first model sent)."""
+
+    def state_arrays(self) -> NamedArrays:
+        if self.current_arrays is None:
+            return {}
+        current = from_record(self.current_arrays)
+        state = {f"current_arrays/{k}": v for k, v in current.items()}
+        if self.momentum_vector is not None:
+            state.update({f"momentum_vector/{k}": np.asarray(v) for k, v in zip(current, self.momentum_vector, strict=True)})
+        return state
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None:
+        current = _pick(arrays, "current_arrays/", self.dtypes)
+        momentum = _pick(arrays, "momentum_vector/", self.dtypes)
+        self.current_arrays = to_record(current) if current else None
+        self.momentum_vector = list(momentum.values()) if momentum else None
+
+
+def _flower_kwargs(params: FedAvgConfig, ctx: StrategyContext) -> dict:
+    """The factory's arguments: the model, the weighting, Flower's own and OFFERED_NODES_ONLY."""
+    own = {k: v for k, v in vars(params).items() if k != "weighting"}
+    return {"model": ctx.initial, "weighting": params.weighting, **own, **OFFERED_NODES_ONLY}
+
+
+@STRATEGIES.register("fedadam", FedAdamConfig, outputs=OUTPUTS)
+def fedadam(params: FedAdamConfig, ctx: StrategyContext) -> ResumableFedAdam:
+    return ResumableFedAdam(**_flower_kwargs(params, ctx))
+
+
+@STRATEGIES.register("fedyogi", FedYogiConfig, outputs=OUTPUTS)
+def fedyogi(params: FedYogiConfig, ctx: StrategyContext) -> ResumableFedYogi:
+    return ResumableFedYogi(**_flower_kwargs(params, ctx))
+
+
+@STRATEGIES.register("fedadagrad", FedAdagradConfig, outputs=OUTPUTS)
+def fedadagrad(params: FedAdagradConfig, ctx: StrategyContext) -> ResumableFedAdagrad:
+    return ResumableFedAdagrad(**_flower_kwargs(params, ctx))
+
+
+@STRATEGIES.register("fedavgm", FedAvgMConfig, outputs=OUTPUTS)
+def fedavgm(params: FedAvgMConfig, ctx: StrategyContext) -> ResumableFedAvgM:
+    return ResumableFedAvgM(**_flower_kwargs(params, ctx))

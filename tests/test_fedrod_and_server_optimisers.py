@@ -1,0 +1,259 @@
+"""FedRoD's client against closed forms, Flower's server optimisers (wrapped) against
+hand-computed steps, their state across a resume, and one smoke run of each."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from flwr.app import ConfigRecord
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
+
+from clients.fedrod import FedRoDClient, FedRoDConfig
+from conftest import as_killed, assert_same_run, run_folders, smoke_config
+from faults import Fault, SimulatedCrash, faulty_app
+from fedmech_flwr.app.inprocess import InProcessGrid, resume_in_process, run_in_process, train_replies
+from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, to_record
+from fedmech_flwr.client import ClientData
+from fedmech_flwr.models import build_model
+from fedmech_flwr.pruning import PruningConfig
+from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.training import TrainConfig
+from strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
+
+# --- FedRoD's client ----------------------------------------------------------------------
+
+LABELS = (0, 0, 0, 1, 1, 2)
+"""x 4: class counts n = (12, 8, 4, 0); class 3 is absent."""
+
+
+def fedrod_client(state: NamedArrays | None = None, lr: float = 0.01, epochs: int = 1) -> FedRoDClient:
+    torch.manual_seed(0)
+    y = torch.tensor(LABELS * 4)
+    data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
+    model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
+    return FedRoDClient(FedRoDConfig(min_count=1e-8), model=model, data=data,
+                        train=TrainConfig(epochs=epochs, batch_size=8, lr=lr), pruning=PruningConfig(mode="dense"),
+                        seed=0, partition_id=0, state=state)
+
+
+def test_balanced_softmax_is_cross_entropy_of_logits_plus_log_counts():
+    client = fedrod_client()
+    # zero logits: p(y) = n_y / sum(n) = n_y / 24, so the losses are -log(12/24) = log 2 for
+    # class 0 and -log(4/24) = log 6 for class 2; with logits (0, log 2, 0, 5) the scores
+    # n_c e^{z_c} are (12, 16, 4, 1e-8 e^5): class 1 has 16/32, a loss of log 2 (the absent
+    # class, however high its logit, weighs ~1e-6)
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, math.log(2), 0.0, 5.0]])
+    y = torch.tensor([0, 2, 1])
+    expected = (math.log(2) + math.log(6) + math.log(2)) / 3
+    assert client.balanced_softmax(logits, y).item() == pytest.approx(expected, abs=1e-5)
+    assert F.cross_entropy(logits, y).item() != pytest.approx(expected, abs=1e-2)  # not plain cross-entropy
+
+
+def test_the_personal_head_steps_on_its_own_loss_and_never_moves_the_body():
+    client = fedrod_client(lr=0.1)
+    x, y = client.data.x[:8], client.data.y[:8]
+    client.model.zero_grad(set_to_none=True)
+    loss, logits = client.objective(x, y)
+    # the P-head's backward reached no parameter of the model (body and G-head)
+    assert all(p.grad is None for p in client.model.parameters())
+    # ... and stepped the P-head from zeros: SGD-like first Adam step of -lr sign(grad)
+    assert client.personal.weight.abs().max().item() == pytest.approx(0.1, rel=1e-3)
+    loss.backward()
+    with_personal = {n: p.grad.clone() for n, p in client.model.named_parameters()}
+
+    # the same batch with no personal head at all: L_BSM = CE(g + log n), counts by hand
+    client.model.zero_grad(set_to_none=True)
+    log_n = torch.log(torch.tensor([12.0, 8.0, 4.0, 1e-8]))
+    F.cross_entropy(client.model(x) + log_n, y).backward()
+    for name, p in client.model.named_parameters():
+        torch.testing.assert_close(with_personal[name], p.grad, rtol=0, atol=0)
+    torch.testing.assert_close(logits, client.model(x))  # the generic logits, not the personalised ones
+
+
+def test_the_personal_head_survives_rounds_in_the_state_and_never_leaves_in_the_weights():
+    first = fedrod_client()
+    assert first.personal.weight.abs().sum().item() == 0 and first.personal.bias.abs().sum().item() == 0
+    names = list(first.model.state_dict())
+    start = [a.copy() for a in first.get_parameters({})]
+    weights, num_examples, metrics = first.fit(start, {"server-round": 1})
+    assert [w.shape for w in weights] == [v.shape for v in first.model.state_dict().values()]  # the model, only
+    assert len(weights) == len(names) and num_examples == len(LABELS) * 4
+    state = first.state
+    assert sorted(state) == ["personal-head.bias", "personal-head.weight"]
+    assert state["personal-head.weight"].shape == (4, first.model.feature_dim)
+    assert all(v.dtype == np.float32 for v in state.values()) and np.abs(state["personal-head.weight"]).sum() > 0
+    assert 0.0 <= metrics["fedrod-personal-accuracy"] <= 1.0
+
+    second = fedrod_client(state=state)  # next round: built afresh with the node's state
+    np.testing.assert_array_equal(second.personal.weight.detach().numpy(), state["personal-head.weight"])
+    np.testing.assert_array_equal(second.personal.bias.detach().numpy(), state["personal-head.bias"])
+    second.fit(weights, {"server-round": 2})
+    assert not np.array_equal(second.state["personal-head.weight"], state["personal-head.weight"])
+
+
+def test_personal_accuracy_scores_the_generic_plus_personal_prediction():
+    # with a vanishing learning rate nothing moves: the P-head stays ~0, so the
+    # personalised prediction is the generic one, scored on all the round's samples
+    client = fedrod_client(lr=1e-12, epochs=2)
+    with torch.no_grad():
+        expected = (client.model(client.data.x).argmax(1) == client.data.y).float().mean().item()
+    _, _, metrics = client.fit([a.copy() for a in client.get_parameters({})], {"server-round": 1})
+    assert metrics["fedrod-personal-accuracy"] == pytest.approx(expected)
+    assert client.personal_seen == len(client.data.y)  # the last epoch's samples, once each
+
+
+# --- Flower's server optimisers ----------------------------------------------------------
+
+MODEL = {"w": np.array([1.0, 2.0], np.float32), "n": np.array(5, np.int64)}
+"""x_t: a float32 weight and an integer buffer (BatchNorm's counter), in model order."""
+CLIENTS = [{"w": np.array([2.0, 2.0], np.float32), "n": np.array(7, np.int64)},
+           {"w": np.array([0.0, 4.0], np.float32), "n": np.array(10, np.int64)}]
+EXAMPLES = [1, 3]
+"""The mean by examples: w (0.5, 3.5), so Delta = (-0.5, 1.5); n (7 + 30) / 4 = 9.25 -> 9."""
+
+
+def _ctx() -> SimpleNamespace:
+    """The one field of the StrategyContext the wrappers read: the model (``initial``)."""
+    return SimpleNamespace(initial=MODEL)
+
+
+def send(strategy, arrays: NamedArrays, server_round: int = 1) -> None:
+    """Send ``arrays`` as round ``server_round``'s model, in name order (as a resumed run's
+    model comes back from its file): what ``configure_train`` keeps as x_t."""
+    record = to_record(dict(sorted(arrays.items())))
+    list(strategy.configure_train(server_round, record, ConfigRecord(), InProcessGrid(ClientApp(), 2)))
+
+
+def step(strategy, models: list[NamedArrays], server_round: int = 1) -> tuple[NamedArrays, dict]:
+    arrays, metrics = strategy.aggregate_train(server_round, train_replies(models, EXAMPLES))
+    return from_record(arrays), dict(metrics)
+
+
+def test_fedadam_step_is_reddi_et_al_algorithm_2_with_flowers_bias_correction():
+    strategy = STRATEGIES.get("fedadam").factory(FedAdamConfig(), _ctx())
+    send(strategy, MODEL)
+    got, metrics = step(strategy, CLIENTS)
+    # Algorithm 2, eta 0.1, beta_1 0.9, beta_2 0.99, tau 1e-3, from m = v = 0:
+    # m = 0.1 Delta = (-0.05, 0.15), v = 0.01 Delta^2 = (0.0025, 0.0225), sqrt(v) = (0.05, 0.15)
+    # Flower's eta_1 = 0.1 sqrt(1 - 0.99^2) / (1 - 0.9^2) = 0.0742460
+    # w = (1 - eta_1 0.05 / 0.051, 2 + eta_1 0.15 / 0.151) = (0.927210, 2.073754)
+    eta_1 = 0.1 * math.sqrt(1 - 0.99**2) / (1 - 0.9**2)
+    w = np.array([1 - eta_1 * 0.05 / 0.051, 2 + eta_1 * 0.15 / 0.151])
+    np.testing.assert_allclose(got["w"], w, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["w"], [0.927210, 2.073754], rtol=0, atol=1e-6)
+    assert list(got) == ["w", "n"] and got["w"].dtype == np.float32  # Flower returns float64, in its order
+    # n: Delta 4, m 0.4, sqrt(v) 0.4, 5 + eta_1 0.4 / 0.401 = 5.074 -> 5, an integer again
+    assert got["n"].dtype == np.int64 and got["n"].item() == 5
+    assert metrics["fedopt-update-norm"] == pytest.approx(np.linalg.norm(w - [1.0, 2.0]), rel=1e-5)
+
+
+def test_fedavgm_steps_are_hsu_et_al_server_momentum():
+    strategy = STRATEGIES.get("fedavgm").factory(FedAvgMConfig(server_learning_rate=0.5, server_momentum=0.9), _ctx())
+    send(strategy, MODEL)
+    got, _ = step(strategy, CLIENTS)
+    # g_1 = x_1 - mean = (0.5, -1.5), v_1 = g_1, x_2 = x_1 - 0.5 v_1 = (0.75, 2.75)
+    np.testing.assert_allclose(got["w"], [0.75, 2.75], rtol=0, atol=1e-6)
+    # n: g_1 = 5 - 9 = -4, x_2 = 5 + 2 = 7
+    assert got["n"].dtype == np.int64 and got["n"].item() == 7
+    send(strategy, got, server_round=2)
+    got, metrics = step(strategy, [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(7, np.int64)}] * 2, 2)
+    # g_2 = x_2 - (1, 2) = (-0.25, 0.75), v_2 = 0.9 v_1 + g_2 = (0.2, -0.6), x_3 = x_2 - 0.5 v_2 = (0.65, 3.05)
+    np.testing.assert_allclose(got["w"], [0.65, 3.05], rtol=0, atol=1e-6)
+    assert got["w"].dtype == np.float32 and list(got) == ["w", "n"]
+    # n: g_2 = 0, v_2 = 0.9 (-4) = -3.6, x_3 = 7 + 1.8 = 8.8 -> 9
+    assert got["n"].item() == 9
+    assert metrics["fedopt-update-norm"] == pytest.approx(math.hypot(0.1, 0.3), rel=1e-5)
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("fedadam", FedAdamConfig()), ("fedyogi", FedYogiConfig()), ("fedadagrad", FedAdagradConfig()),
+    ("fedavgm", FedAvgMConfig(server_momentum=0.9)),
+])
+def test_a_strategy_rebuilt_from_its_state_takes_the_same_next_step(name, params):
+    factory = STRATEGIES.get(name).factory
+    again = [{"w": np.array([3.0, -1.0], np.float32), "n": np.array(2, np.int64)}, CLIENTS[0]]
+    original = factory(params, _ctx())
+    send(original, MODEL)
+    after_one, _ = step(original, CLIENTS)
+    saved = {k: v.copy() for k, v in original.state_arrays().items()}
+    assert saved and all(isinstance(v, np.ndarray) for v in saved.values())
+    send(original, after_one, 2)
+    expected, _ = step(original, again, 2)
+
+    resumed = factory(params, _ctx())
+    resumed.load_state_arrays(dict(sorted(saved.items())))  # as the state file gives them back: in name order
+    send(resumed, after_one, 2)
+    got, _ = step(resumed, again, 2)
+    for k in expected:
+        np.testing.assert_array_equal(got[k], expected[k])
+    fresh = factory(params, _ctx())  # without the state the step differs: the test can fail
+    send(fresh, after_one, 2)
+    assert not np.array_equal(step(fresh, again, 2)[0]["w"], expected["w"])
+
+
+@pytest.mark.parametrize(("name", "flower"), [
+    ("fedadam", FedAdam), ("fedyogi", FedYogi), ("fedadagrad", FedAdagrad), ("fedavgm", FedAvgM)])
+def test_configs_hold_flowers_arguments_and_defaults(name, flower):
+    entry = STRATEGIES.get(name)
+    ours = {k: v for k, v in vars(entry.config_cls()).items() if k != "weighting"}
+    theirs = inspect.signature(flower).parameters
+    assert ours == {k: theirs[k].default for k in ours}
+    strategy = entry.factory(entry.config_cls(weighting="uniform"), _ctx())
+    assert isinstance(strategy, flower) and strategy.weighting == "uniform"
+    assert strategy.fraction_train == 1.0 and strategy.fraction_evaluate == 0.0 and strategy.min_train_nodes == 1
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize(("strategy", "state_key"), [
+    ("{name: fedadam}", "strategy/v_t/conv1.weight"),
+    ("{name: fedavgm, server_momentum: 0.9}", "strategy/momentum_vector/conv1.weight"),
+])
+def test_a_killed_run_resumes_with_the_server_optimisers_state(tmp_path, strategy, state_key):
+    """Killed in round 2, resumed from round 1's state: without the optimiser's state
+    the resumed round 2 would step from fresh moments and differ."""
+    cfg = [f"strategy={strategy}"]
+    reference = run_in_process(smoke_config(cfg), tmp_path / "reference")
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(cfg), tmp_path / "killed", faulty_app(Fault("crash", 1, 2)))
+    [run] = run_folders(tmp_path / "killed")
+    as_killed(run)
+    state = load_arrays(run / STATE_FILE)
+    assert state["round"] == 1 and state_key in state
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+
+
+@pytest.mark.parametrize(("strategy", "client"), [
+    ("fedrod", "fedrod"), ("fedadam", "plain"), ("fedyogi", "plain"), ("fedadagrad", "plain"),
+    ("fedavgm", "plain")])
+def test_smoke_run_records_the_declared_metrics(tmp_path, strategy, client):
+    cfg = smoke_config([f"strategy={{name: {strategy}}}", f"client={{name: {client}}}", "data.audit_per_class=15",
+                        "diagnostics=[{name: misalignment, head_samples: 20, probe: {epochs: 5}, head: {epochs: 1}}]"])
+    run = run_in_process(cfg, tmp_path)
+    assert read_status(run)["status"] == "completed"
+    declared = STRATEGIES.get(strategy).outputs.metrics
+    records = read_records(run, "strategy")
+    assert [r["round"] for r in records] == [1, 2]
+    for key, metric in declared.items():
+        assert all(isinstance(r[metric.path[0]], float) for r in records), key
+    assert [r["round"] for r in read_records(run, "diagnostic") if r["name"] == "misalignment"] == [1, 2]
+    final = load_arrays(run / "model_final.safetensors")
+    assert all(v.dtype == np.float32 for v in final.values())  # as the model's, not Flower's float64
+    state = load_arrays(run / STATE_FILE)
+    held = sorted(k for k in state if k.startswith("clients/"))
+    if client == "fedrod":  # each client's P-head stays in its state, never in the model
+        assert held == [f"clients/{pid}/personal-head.{p}" for pid in range(3) for p in ("bias", "weight")]
+        assert not any("personal" in k for k in final)
+    else:
+        assert held == []
