@@ -34,9 +34,6 @@ What the wrapper adds, and nothing more:
 - the returned model in the model's names, order and dtypes: Flower returns float64
   (FedAdam's bias-corrected eta is a NumPy float64, which promotes float32 weights) and
   turns integer buffers into floats; each array is cast back, integers rounded;
-- the model goes out in the model's array order: a resumed run's model comes back from
-  its file in name order, and Flower's FedAvgM pairs its arrays with the aggregate's by
-  position;
 - ``fedopt-update-norm``, the L2 norm of the server's step x_{t+1} - x_t (floating-point
   arrays), in the round's strategy record.
 
@@ -142,9 +139,8 @@ class ServerOptimiser:
         self.sent: NamedArrays = {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        received = from_record(arrays)
-        self.sent = {k: received[k] for k in self.dtypes}
-        return super().configure_train(server_round, to_record(self.sent), config, grid)
+        self.sent = from_record(arrays)
+        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)

@@ -126,9 +126,9 @@ def _ctx() -> SimpleNamespace:
 
 
 def send(strategy, arrays: NamedArrays, server_round: int = 1) -> None:
-    """Send ``arrays`` as round ``server_round``'s model, in name order (as a resumed run's
-    model comes back from its file): what ``configure_train`` keeps as x_t."""
-    record = to_record(dict(sorted(arrays.items())))
+    """Send ``arrays`` as round ``server_round``'s model (in the model's order, as the run
+    sends it, a resumed run's too): what ``configure_train`` keeps as x_t."""
+    record = to_record(arrays)
     list(strategy.configure_train(server_round, record, ConfigRecord(), InProcessGrid(ClientApp(), 2)))
 
 

@@ -33,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -221,8 +221,9 @@ class Run:
         return folder
 
     def _resume_point(self, initial: NamedArrays) -> ResumePoint | None:
-        """The folder's resume point, checked against the model, with the folder rewound
-        to it; None when the run was killed before its first one."""
+        """The folder's resume point, checked against the model (its arrays in the model's
+        order), with the folder rewound to it; None when the run was killed before its
+        first one."""
         folder = self.folder
         point = folder.load_state()
         if point is not None:
@@ -233,6 +234,8 @@ class Run:
                     f"{folder.path / STATE_FILE} does not fit the model of {folder.path / CONFIG_FILE} ({err}); "
                     "it was not written by this run: delete it to restart this run from round 0"
                 ) from err
+            # the file holds arrays in name order; Flower's strategies pair arrays by position
+            point = replace(point, global_arrays={k: point.global_arrays[k] for k in initial})
         folder.rewind(point.last_round if point else None)
         log.info("Resuming %s after round %s", folder.path, point.last_round if point else "none (from the start)")
         return point
