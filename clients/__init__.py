@@ -6,4 +6,4 @@ certain strategies, ``check=`` for rules between its parameters and the experime
 data, run at validation) and import the module here.
 """
 
-from clients import fedbabu, fedlc, plain, proximal  # noqa: F401
+from clients import fedbabu, feddyn, fedlc, fednova, plain, proximal, scaffold  # noqa: F401

@@ -10,4 +10,15 @@ Work on the clients' data is a client query: register its handler in
 ``fedmech_flwr.strategy.CLIENT_QUERIES`` (``class_stats`` is one).
 """
 
-from strategies import circuit_masked, class_stats, fedavg, fedbabu, fedprox, matched_avg, realign  # noqa: F401
+from strategies import (  # noqa: F401
+    circuit_masked,
+    class_stats,
+    fedavg,
+    fedbabu,
+    feddyn,
+    fednova,
+    fedprox,
+    matched_avg,
+    realign,
+    scaffold,
+)
