@@ -6,4 +6,17 @@ certain strategies, ``check=`` for rules between its parameters and the experime
 data, run at validation) and import the module here.
 """
 
-from clients import etf, fedbabu, feddecorr, fedlc, fedrod, fedrs, moon, plain, proximal  # noqa: F401
+from clients import (  # noqa: F401
+    etf,
+    fedbabu,
+    feddecorr,
+    feddyn,
+    fedlc,
+    fednova,
+    fedrod,
+    fedrs,
+    moon,
+    plain,
+    proximal,
+    scaffold,
+)

@@ -62,6 +62,9 @@ class StrategyContext:
     audit: tuple[torch.Tensor, torch.Tensor] | None
     """The server-held audit set (``data.audit_per_class``, on the run's device), held out
     from every client; None when the experiment has none."""
+    num_clients: int
+    """Clients in the federation (``federation.num_clients``), sampled or not: the N of
+    SCAFFOLD's and FedDyn's server updates."""
 
 
 STRATEGIES: Registry[Callable[[Any, StrategyContext], Strategy]] = Registry("strategy")

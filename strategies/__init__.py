@@ -15,8 +15,15 @@ from strategies import (  # noqa: F401
     class_stats,
     fedavg,
     fedbabu,
+from strategies import (  # noqa: F401
+    circuit_masked,
+    class_stats,
+    fedavg,
+    fedbabu,
     feddecorr,
+    feddyn,
     fedetf,
+    fednova,
     fedopt,
     fedprox,
     fedrod,
@@ -24,4 +31,5 @@ from strategies import (  # noqa: F401
     matched_avg,
     moon,
     realign,
+    scaffold,
 )

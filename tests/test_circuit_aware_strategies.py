@@ -79,7 +79,8 @@ def context(kind: str, initial: NamedArrays, audit: torch.Tensor | None = None) 
         load_model_arrays(model, arrays)
         return model
 
-    return StrategyContext(3, 5, 0, 60.0, initial, build, None if audit is None else (audit, torch.zeros(len(audit))))
+    held_out = None if audit is None else (audit, torch.zeros(len(audit)))
+    return StrategyContext(3, 5, 0, 60.0, initial, build, held_out, 3)
 
 
 def images(n: int = 64, seed: int = 0) -> torch.Tensor:

@@ -494,7 +494,7 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     if len(audit):
         datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
     context = StrategyContext(bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
-                              initial, build, datasets.get("audit"))
+                              initial, build, datasets.get("audit"), cfg.federation.num_clients)
     hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes).astype(int)
     pruning = cfg.pruning
     inputs = RunInputs(

@@ -1,0 +1,82 @@
+"""FedDyn (Acar et al. 2021, "Federated Learning Based on Dynamic Regularization", ICLR,
+arXiv:2111.04263), Algorithm 1.
+
+The ``feddyn`` client k minimises L_k(theta) - <h_k, theta> + (alpha/2) ||theta - theta^{t-1}||^2
+from theta^{t-1} and keeps h_k (see ``clients.feddyn``). The server keeps h (zeros at
+first, one array per float parameter) and, with P_t the clients of round t and m the
+number of all clients (``federation.num_clients``):
+
+    h^t     = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})
+    theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t
+
+The average is uniform over P_t, as in the paper (there is no weighting option); buffers
+take the plain mean. alpha (default 0.01; the paper's grid is {0.1, 0.01, 0.001}) is sent
+to the clients in the train config. Its metric is ``feddyn-h-norm``, the L2 norm of h.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from clients.feddyn import ALPHA
+from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
+from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
+from strategies.fedavg import WeightedFedAvg
+from strategies.scaffold import l2_norm, parameter_names
+
+
+@dataclass
+class FedDynConfig:
+    alpha: float = field(default=0.01, metadata={"gt": 0.0})
+    """alpha of the dynamic regulariser (the paper searches 0.1, 0.01 and 0.001)."""
+
+
+class FedDyn(WeightedFedAvg):
+    """FedAvg's uniform mean corrected by the server state h; ``h`` is its initial value
+    (zeros of the float parameters)."""
+
+    def __init__(self, h: NamedArrays, alpha: float, num_clients: int, **kwargs) -> None:
+        super().__init__(weighting="uniform", **kwargs)
+        self.h = h
+        self.alpha = alpha
+        self.num_clients = num_clients
+        self.sent: NamedArrays = {}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.sent = from_record(arrays)
+        config[ALPHA] = self.alpha
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def average(self, server_round: int, contents: list[RecordDict], models: list[NamedArrays],
+                weights: list[float]) -> tuple[NamedArrays, dict[str, int | float]]:
+        out = weighted_mean(models, weights)  # uniform weights: the buffers' plain mean
+        for name, h in self.h.items():
+            theta = self.sent[name].astype(np.float64)
+            moved = sum(m[name].astype(np.float64) - theta for m in models)
+            h_new = h - self.alpha * moved / self.num_clients
+            out[name] = (theta + moved / len(models) - h_new / self.alpha).astype(self.sent[name].dtype)
+            self.h[name] = h_new.astype(h.dtype)
+        return out, {"feddyn-h-norm": l2_norm(self.h)}
+
+    def state_arrays(self) -> NamedArrays:
+        return dict(self.h)
+
+    def load_state_arrays(self, arrays: NamedArrays) -> None:
+        self.h = dict(arrays)
+
+
+OUTPUTS = Outputs("FedDyn (strategy)", {
+    "feddyn_h_norm": Metric("server state h", ("feddyn_h_norm",), "L2 norm", 4),
+}, curves=("feddyn_h_norm",))
+
+
+@STRATEGIES.register("feddyn", FedDynConfig, pairs_with=("feddyn",), outputs=OUTPUTS)
+def feddyn(params: FedDynConfig, ctx: StrategyContext) -> FedDyn:
+    zeros = {name: np.zeros_like(ctx.initial[name]) for name in parameter_names(ctx)}
+    return FedDyn(zeros, params.alpha, ctx.num_clients, **OFFERED_NODES_ONLY)

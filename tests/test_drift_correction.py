@@ -1,0 +1,284 @@
+"""Drift correction: SCAFFOLD, FedDyn and FedNova against hand-computed rounds, their SGD
+checks, a smoke run of each, and a SCAFFOLD run that resumes bitwise.
+
+The client tests replace the cross-entropy with zero (``ZeroDataLoss``), so the only
+gradients are the method's own term and weight decay: every parameter then follows a
+recursion worked out by hand in the test."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message
+
+from clients.feddyn import ALPHA, FedDynClient
+from clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
+from clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
+from conftest import as_killed, assert_same_run, run_folders, smoke_config
+from faults import Fault, SimulatedCrash, faulty_app
+from fedmech_flwr.app.inprocess import resume_in_process, run_in_process, train_replies
+from fedmech_flwr.arrays import from_record, load_arrays, pack, to_record
+from fedmech_flwr.client import ClientData, FedMechClient
+from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.models import build_model
+from fedmech_flwr.pruning import PruningConfig
+from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY
+from fedmech_flwr.training import TrainConfig
+from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
+from strategies.fedavg import WeightedFedAvg
+from strategies.feddyn import FedDyn
+from strategies.fednova import FedNova
+from strategies.scaffold import Scaffold
+
+# --- clients ------------------------------------------------------------------------------
+
+
+class ZeroDataLoss(FedMechClient):
+    """The data term is 0 (its gradient too): what is left of the objective is the method's."""
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return 0.0 * logits.sum()
+
+
+class BareScaffold(ScaffoldClient, ZeroDataLoss):
+    pass
+
+
+class BareFedDyn(FedDynClient, ZeroDataLoss):
+    pass
+
+
+def make_client(cls, train: TrainConfig, state=None, received=None):
+    """A SimpleCNN client on 24 samples (two steps of batch 12 per epoch)."""
+    torch.manual_seed(0)
+    y = torch.tensor([0, 0, 0, 1, 1, 2] * 4)
+    data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
+    model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
+    return cls(None, model=model, data=data, train=train, pruning=PruningConfig(mode="dense"), seed=0,
+               partition_id=0, state=state, received=received)
+
+
+def filled(client: FedMechClient, value: float) -> dict[str, np.ndarray]:
+    """Every float parameter of the client's model set to ``value``."""
+    return {name: np.full(tuple(p.shape), value, np.float32) for name, p in client.model.named_parameters()}
+
+
+@pytest.mark.parametrize(("momentum", "trained", "c_plus"), [
+    # rho = 0: w1 = 1 - 0.1 (1 * 1 + 0.5) = 0.85, w2 = 0.85 - 0.1 (0.85 + 0.5) = 0.715;
+    # c_i+ = c_i - c + (1 - 0.715) / (K=2 * 0.1) = -0.5 + 1.425 = 0.925, the mean of the
+    # local gradients wd * w at w0, w1: (1 + 0.85) / 2.
+    (0.0, 0.715, 0.925),
+    # rho = 0.5: buf2 = 0.5 * 1.5 + 1.35 = 2.1, w2 = 0.85 - 0.21 = 0.64; ||a||_1 = 1.5 + 1 = 2.5;
+    # c_i+ = -0.5 + 0.36 / (2.5 * 0.1) = 0.94 = (1.5 * 1 + 1 * 0.85) / 2.5, the momentum-weighted mean.
+    (0.5, 0.64, 0.94),
+])
+def test_scaffold_client_takes_corrected_steps_and_updates_its_control_variate(momentum, trained, c_plus):
+    """Every weight starts at 1 with local loss (wd / 2) w^2 (wd = 1), c = 0.2, c_i = -0.3:
+    each step moves by lr (wd * w + c - c_i) = 0.1 (w + 0.5)."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=momentum, weight_decay=1.0, epochs=1, batch_size=12)
+    probe = make_client(BareScaffold, train)
+    c, c_i = filled(probe, 0.2), filled(probe, -0.3)
+    client = make_client(BareScaffold, train, state=c_i, received={CONTROL: c})
+    start = filled(client, 1.0)  # SimpleCNN has no buffers: these are all its arrays
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1})
+    assert client.steps == 2
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, trained, rtol=1e-5, err_msg=name)
+    for name in c:
+        np.testing.assert_allclose(client.state[name], c_plus, rtol=1e-5)
+        np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], c_plus + 0.3, rtol=1e-5)
+        assert client.state[name].dtype == np.float32
+
+
+def test_scaffold_client_without_the_control_variate_says_which_strategy_to_use():
+    client = make_client(ScaffoldClient, TrainConfig(optimizer="sgd"))
+    with pytest.raises(RuntimeError, match="use strategy scaffold"):
+        client.fit(client.get_parameters({}), {"server-round": 1})
+
+
+def test_feddyn_client_minimises_the_dynamic_objective_and_updates_h():
+    """theta0 = 1, h_k = 0.5, alpha = 0.1, lr = 0.5; the gradient is -h_k + alpha (theta - theta0):
+    theta1 = 1 + 0.5 * 0.5 = 1.25; theta2 = 1.25 - 0.5 (-0.5 + 0.1 * 0.25) = 1.4875;
+    h_k <- 0.5 - 0.1 (1.4875 - 1) = 0.45125."""
+    train = TrainConfig(optimizer="sgd", lr=0.5, momentum=0.0, epochs=1, batch_size=12)
+    client = make_client(BareFedDyn, train)
+    client.state = filled(client, 0.5)
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1, ALPHA: 0.1})
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 1.4875, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.state[name], 0.45125, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="use strategy feddyn"):
+        make_client(FedDynClient, train).fit(list(start.values()), {"server-round": 1})
+
+
+def test_fednova_a_norm_of_momentum_sgd():
+    assert a_norm(1, 0.9) == pytest.approx(1.0)
+    assert a_norm(5, 0.0) == 5.0
+    # a = [1 - 0.5^3, 1 - 0.5^2, 1 - 0.5] / (1 - 0.5) = [1.75, 1.5, 1]
+    assert a_norm(3, 0.5) == pytest.approx(4.25)
+    # PyTorch's SGD on a loss of gradient 1 moves lr * ||a||_1 in tau steps
+    for tau, rho in [(1, 0.9), (3, 0.5), (7, 0.9)]:
+        p = torch.zeros(1, requires_grad=True)
+        optimizer = torch.optim.SGD([p], lr=0.1, momentum=rho)
+        for _ in range(tau):
+            optimizer.zero_grad()
+            p.sum().backward()
+            optimizer.step()
+        assert -p.item() / 0.1 == pytest.approx(a_norm(tau, rho), rel=1e-5)
+
+
+def test_fednova_client_reports_its_steps_and_a_norm():
+    client = make_client(FedNovaClient, TrainConfig(optimizer="sgd", momentum=0.5, epochs=1, batch_size=8))
+    _, _, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
+    assert metrics[STEPS] == 3 and metrics[A_NORM] == pytest.approx(4.25)  # 24 samples, batch 8
+
+
+# --- strategies ---------------------------------------------------------------------------
+
+X = {"w": np.array([1.0, 2.0], np.float32), "bn.running_mean": np.array([0.0], np.float32)}
+"""The global model: one float parameter ``w`` and a buffer."""
+CLIENTS = [{"w": np.array([2.0, 2.0], np.float32), "bn.running_mean": np.array([1.0], np.float32)},
+           {"w": np.array([0.0, 4.0], np.float32), "bn.running_mean": np.array([3.0], np.float32)}]
+EXAMPLES = [10, 30]
+N = 4
+"""Clients in the federation; two of them reply."""
+
+
+class FakeGrid:
+    def __init__(self, node_ids) -> None:
+        self.node_ids = list(node_ids)
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+
+def replies(uploads=None, metrics=None) -> list[Message]:
+    """``train_replies`` of ``CLIENTS`` with a report holding each one's ``uploads`` and
+    extra ``metrics``, as the ClientApp sends them."""
+    msgs = train_replies(CLIENTS, EXAMPLES)
+    for i, msg in enumerate(msgs):
+        packed = {UPLOAD_PREFIX + k: pack(v) for k, v in (uploads[i] if uploads else {}).items()}
+        msg.content[REPORT_KEY] = ConfigRecord({"partition-id": i, "details": "{}", **packed})
+        for key, value in (metrics[i] if metrics else {}).items():
+            msg.content["metrics"][key] = value
+    return msgs
+
+
+@pytest.mark.parametrize(("weighting", "w", "buffer"), [
+    # uniform: x + 0.5 * mean([1, 0], [-1, 2]) = [1, 2] + 0.5 * [0, 1]
+    ("uniform", [1.0, 2.5], 2.0),
+    # examples: x + 0.5 * (0.25 * [1, 0] + 0.75 * [-1, 2]) = [1, 2] + 0.5 * [-0.5, 1.5]
+    ("examples", [0.75, 2.75], 2.5),
+])
+@pytest.mark.usefixtures("flower_identity")
+def test_scaffold_server_steps_the_model_and_updates_c(weighting, w, buffer):
+    """c = [0.1, -0.2], eta_g = 0.5, N = 4; delta_c = [0.4, 0], [0.8, -0.4]:
+    c <- c + (1/4) [1.2, -0.4] = [0.4, -0.3], of norm 0.5."""
+    strategy = Scaffold({"w": np.array([0.1, -0.2], np.float32)}, N, server_lr=0.5, weighting=weighting,
+                        **OFFERED_NODES_ONLY)
+    sent = list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))
+    for msg in sent:
+        np.testing.assert_allclose(from_record(msg.content[CONTROL])["w"], [0.1, -0.2], rtol=1e-6)
+    deltas = [{DELTA_CONTROL: {"w": np.array([0.4, 0.0], np.float32)}},
+              {DELTA_CONTROL: {"w": np.array([0.8, -0.4], np.float32)}}]
+    arrays, metrics = strategy.aggregate_train(1, replies(uploads=deltas))
+    got = from_record(arrays)
+    np.testing.assert_allclose(got["w"], w, rtol=1e-6)
+    np.testing.assert_allclose(got["bn.running_mean"], [buffer], rtol=1e-6)  # the weighted mean, no server step
+    np.testing.assert_allclose(strategy.state_arrays()["w"], [0.4, -0.3], rtol=1e-6)
+    assert metrics["scaffold-control-norm"] == pytest.approx(0.5)
+    resumed = Scaffold({"w": np.zeros(2, np.float32)}, N, **OFFERED_NODES_ONLY)
+    resumed.load_state_arrays(strategy.state_arrays())
+    sent = list(resumed.configure_train(2, to_record(X), ConfigRecord(), FakeGrid([1000])))
+    np.testing.assert_allclose(from_record(sent[0].content[CONTROL])["w"], [0.4, -0.3], rtol=1e-6)
+
+
+@pytest.mark.usefixtures("flower_identity")
+def test_scaffold_with_unit_server_lr_aggregates_the_model_as_fedavg():
+    strategy = Scaffold({"w": np.zeros(2, np.float32)}, N, **OFFERED_NODES_ONLY)
+    list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))
+    deltas = [{DELTA_CONTROL: {"w": np.zeros(2, np.float32)}}] * 2
+    got = from_record(strategy.aggregate_train(1, replies(uploads=deltas))[0])
+    fedavg = from_record(WeightedFedAvg().aggregate_train(1, replies())[0])
+    for name in X:
+        np.testing.assert_allclose(got[name], fedavg[name], rtol=1e-7)
+
+
+@pytest.mark.usefixtures("flower_identity")
+def test_feddyn_server_updates_h_and_corrects_the_mean():
+    """alpha = 0.1, m = 4, h = [0.1, -0.2]; sum(theta_k - theta) = [1, 0] + [-1, 2] = [0, 2]:
+    h <- h - (0.1 / 4) [0, 2] = [0.1, -0.25]; theta <- mean [1, 3] - h / 0.1 = [0, 5.5].
+    Uniform over the clients whatever their examples; the buffer's plain mean is 2."""
+    strategy = FedDyn({"w": np.array([0.1, -0.2], np.float32)}, alpha=0.1, num_clients=N, **OFFERED_NODES_ONLY)
+    sent = list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))
+    assert [m.content["config"][ALPHA] for m in sent] == [0.1, 0.1]
+    arrays, metrics = strategy.aggregate_train(1, replies())
+    got = from_record(arrays)
+    np.testing.assert_allclose(got["w"], [0.0, 5.5], atol=1e-6)
+    np.testing.assert_allclose(got["bn.running_mean"], [2.0])
+    np.testing.assert_allclose(strategy.state_arrays()["w"], [0.1, -0.25], rtol=1e-6)
+    assert metrics["feddyn-h-norm"] == pytest.approx(math.sqrt(0.1**2 + 0.25**2), rel=1e-6)
+
+
+@pytest.mark.usefixtures("flower_identity")
+def test_fednova_normalises_the_updates_by_the_clients_steps():
+    """p = [0.25, 0.75]; ||a|| = [1, 4]: d = (x - y_i) / ||a_i|| = [-1, 0] / 1 and [1, -2] / 4;
+    tau_eff = 0.25 * 1 + 0.75 * 4 = 3.25;
+    x - 3.25 (0.25 [-1, 0] + 0.75 [0.25, -0.5]) = [1, 2] - 3.25 [-0.0625, -0.375] = [1.203125, 3.21875].
+    FedAvg would give 0.25 [2, 2] + 0.75 [0, 4] = [0.5, 3.5]."""
+    strategy = FedNova(["w"], **OFFERED_NODES_ONLY)
+    list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))
+    arrays, metrics = strategy.aggregate_train(1, replies(metrics=[{A_NORM: 1.0}, {A_NORM: 4.0}]))
+    got = from_record(arrays)
+    np.testing.assert_allclose(got["w"], [1.203125, 3.21875], rtol=1e-6)
+    np.testing.assert_allclose(got["bn.running_mean"], [2.5])  # the examples-weighted mean
+    assert metrics["fednova-tau-eff"] == pytest.approx(3.25)
+    # equal steps: FedAvg's aggregate
+    equal = from_record(strategy.aggregate_train(1, replies(metrics=[{A_NORM: 3.0}, {A_NORM: 3.0}]))[0])
+    np.testing.assert_allclose(equal["w"], [0.5, 3.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fednova"])
+def test_sgd_only_methods_refuse_another_optimizer_at_load(method):
+    with pytest.raises(ConfigError, match=rf"{method} .*, but train.optimizer is adam; set train.optimizer=sgd"):
+        smoke_config([f"strategy={{name: {method}}}", f"client={{name: {method}}}", "train.optimizer=adam"])
+
+
+# --- runs ---------------------------------------------------------------------------------
+
+SGD = ["train.optimizer=sgd", "train.lr=0.05"]
+CHEAP_CIRCUITS = "{name: circuits, ablations: [], gates: {steps: 10, batch_size: 16}, min_class_samples: 5}"
+
+
+@pytest.mark.parametrize(("method", "metric"), [
+    ("scaffold", "scaffold_control_norm"), ("feddyn", "feddyn_h_norm"), ("fednova", "fednova_tau_eff")])
+def test_smoke_run_records_the_method_metric(method, metric, tmp_path):
+    cfg = smoke_config([*SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}", "data.audit_per_class=15",
+                        f"diagnostics=[{{name: misalignment, head_samples: 20}}, {CHEAP_CIRCUITS}]"])
+    run = run_in_process(cfg, tmp_path)
+    assert read_status(run)["status"] == "completed"
+    values = [r[metric] for r in read_records(run, "strategy")]
+    assert len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values)
+    for name in ("misalignment", "circuits"):
+        assert [r["round"] for r in read_records(run, "diagnostic") if r["name"] == name] == [1, 2]
+
+
+def test_scaffold_state_survives_a_resume(tmp_path):
+    scaffold = [*SGD, "train.momentum=0", "federation.num_rounds=3", "federation.checkpoint_every=2",
+                "strategy={name: scaffold}", "client={name: scaffold}"]
+    reference = run_in_process(smoke_config(scaffold), tmp_path / "reference")
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(scaffold), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
+    [run] = run_folders(tmp_path / "killed")
+    as_killed(run)
+    state = load_arrays(run / STATE_FILE)
+    assert state["round"] == 2 and np.any(state["strategy/conv1.weight"] != 0)
+    for client in range(3):  # every client's c_i, moved from zero
+        assert np.any(state[f"clients/{client}/conv1.weight"] != 0)
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
