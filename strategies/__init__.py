@@ -15,11 +15,6 @@ from strategies import (  # noqa: F401
     class_stats,
     fedavg,
     fedbabu,
-from strategies import (  # noqa: F401
-    circuit_masked,
-    class_stats,
-    fedavg,
-    fedbabu,
     feddecorr,
     feddyn,
     fedetf,
