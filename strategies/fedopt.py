@@ -208,19 +208,23 @@ def _flower_kwargs(params: FedAvgConfig, ctx: StrategyContext) -> dict:
 
 @STRATEGIES.register("fedadam", FedAdamConfig, outputs=OUTPUTS)
 def fedadam(params: FedAdamConfig, ctx: StrategyContext) -> ResumableFedAdam:
+    """Flower's FedAdam (Reddi et al. 2021, ICLR, arXiv:2003.00295), resumable."""
     return ResumableFedAdam(**_flower_kwargs(params, ctx))
 
 
 @STRATEGIES.register("fedyogi", FedYogiConfig, outputs=OUTPUTS)
 def fedyogi(params: FedYogiConfig, ctx: StrategyContext) -> ResumableFedYogi:
+    """Flower's FedYogi (Reddi et al. 2021, ICLR, arXiv:2003.00295), resumable."""
     return ResumableFedYogi(**_flower_kwargs(params, ctx))
 
 
 @STRATEGIES.register("fedadagrad", FedAdagradConfig, outputs=OUTPUTS)
 def fedadagrad(params: FedAdagradConfig, ctx: StrategyContext) -> ResumableFedAdagrad:
+    """Flower's FedAdagrad (Reddi et al. 2021, ICLR, arXiv:2003.00295), resumable."""
     return ResumableFedAdagrad(**_flower_kwargs(params, ctx))
 
 
 @STRATEGIES.register("fedavgm", FedAvgMConfig, outputs=OUTPUTS)
 def fedavgm(params: FedAvgMConfig, ctx: StrategyContext) -> ResumableFedAvgM:
+    """Flower's FedAvgM, server momentum (Hsu et al. 2019, arXiv:1909.06335), resumable."""
     return ResumableFedAvgM(**_flower_kwargs(params, ctx))
