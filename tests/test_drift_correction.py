@@ -199,6 +199,15 @@ def test_scaffold_server_steps_the_model_and_updates_c(weighting, w, buffer):
 
 
 @pytest.mark.usefixtures("flower_identity")
+def test_scaffold_server_names_the_client_to_pair_when_a_reply_uploads_nothing():
+    strategy = Scaffold({"w": np.zeros(2, np.float32)}, N, **OFFERED_NODES_ONLY)
+    list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))
+    with pytest.raises(RuntimeError, match="client 0 uploaded no 'scaffold-delta-c' arrays: the strategy needs the "
+                                           "client it pairs with"):
+        strategy.aggregate_train(1, replies())
+
+
+@pytest.mark.usefixtures("flower_identity")
 def test_scaffold_with_unit_server_lr_aggregates_the_model_as_fedavg():
     strategy = Scaffold({"w": np.zeros(2, np.float32)}, N, **OFFERED_NODES_ONLY)
     list(strategy.configure_train(1, to_record(X), ConfigRecord(), FakeGrid([1000, 1001])))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, Error, Message
+from flwr.app import ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -21,10 +21,11 @@ from fedmech_flwr.app.protocol import (
     discover_nodes,
     simulated_roster,
 )
-from fedmech_flwr.arrays import from_record
+from fedmech_flwr.arrays import from_record, pack, to_record
 from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY
+from fedmech_flwr.wire import CLIENT_STATE_KEY, CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
 from strategies.fedavg import WeightedFedAvg
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
@@ -367,3 +368,31 @@ def test_a_runs_resumable_state_is_saved_and_restored(smoke_cfg, tmp_path):
     fresh = run()
     fresh.restore({"strategy/m": np.ones(3)})
     np.testing.assert_array_equal(fresh.inputs.strategy.memory["m"], np.ones(3))
+
+
+# --- clients' own state -------------------------------------------------------------------
+
+def test_a_resumed_runs_clients_get_their_state_back_until_they_reply(make_cfg, messages):
+    """After a resume every node starts empty: a client's first train message carries the
+    state the server saved for it, and only until the client replied in this run (then its
+    node holds it). Messages sharing one content are not changed for the other clients."""
+    cfg = make_cfg("federation.on_client_failure=continue")
+    proto = RoundProtocol(WeightedFedAvg(**OFFERED_NODES_ONLY), cfg, PARTITIONS, Recorder(), resume_after=2)
+    saved = {"0/c": np.full(2, 0.5, np.float32), "2/c": np.full(2, 2.5, np.float32)}
+    proto.load_state_arrays(saved)
+    grid = InProcessGrid(ClientApp(), 6)
+
+    def carried() -> dict[int, np.ndarray]:
+        sent = proto.configure_train(1, to_record(arrays_of(0)), ConfigRecord(), grid)
+        by_pid = {proto.node_to_partition[m.metadata.dst_node_id]: m.content for m in sent}
+        assert all("arrays" in content for content in by_pid.values())
+        return {pid: from_record(c[CLIENT_STATE_KEY])["c"] for pid, c in by_pid.items() if CLIENT_STATE_KEY in c}
+
+    first = carried()
+    assert sorted(first) == [0, 2] and first[0].tolist() == [0.5, 0.5] and first[2].tolist() == [2.5, 2.5]
+    new_state = ConfigRecord({CLIENT_STATE_KEY: pack({"c": np.full(2, 7.0, np.float32)})})
+    client_0 = reply(messages, 0)
+    client_0.content["report"][CLIENT_STATE_KEY] = new_state[CLIENT_STATE_KEY]
+    proto.aggregate_train(1, [client_0, reply(messages, 1)])  # client 2 did not reply
+    assert list(carried()) == [2]  # client 0's node holds its state now
+    assert proto.state_arrays() == {"0/c": pytest.approx(np.full(2, 7.0)), "2/c": saved["2/c"]}
