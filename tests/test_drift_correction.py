@@ -25,7 +25,7 @@ from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.run_folder import STATE_FILE
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
@@ -260,25 +260,9 @@ def test_sgd_only_methods_refuse_another_optimizer_at_load(method):
 
 # --- runs ---------------------------------------------------------------------------------
 
-SGD = ["train.optimizer=sgd", "train.lr=0.05"]
-CHEAP_CIRCUITS = "{name: circuits, ablations: [], gates: {steps: 10, batch_size: 16}, min_class_samples: 5}"
-
-
-@pytest.mark.parametrize(("method", "metric"), [
-    ("scaffold", "scaffold_control_norm"), ("feddyn", "feddyn_h_norm"), ("fednova", "fednova_tau_eff")])
-def test_smoke_run_records_the_method_metric(method, metric, tmp_path):
-    cfg = smoke_config([*SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}", "data.audit_per_class=15",
-                        f"diagnostics=[{{name: misalignment, head_samples: 20}}, {CHEAP_CIRCUITS}]"])
-    run = run_in_process(cfg, tmp_path)
-    assert read_status(run)["status"] == "completed"
-    values = [r[metric] for r in read_records(run, "strategy")]
-    assert len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values)
-    for name in ("misalignment", "circuits"):
-        assert [r["round"] for r in read_records(run, "diagnostic") if r["name"] == name] == [1, 2]
-
-
 def test_scaffold_state_survives_a_resume(tmp_path):
-    scaffold = [*SGD, "train.momentum=0", "federation.num_rounds=3", "federation.checkpoint_every=2",
+    """The issue's test: killed after round 2, resumed, it ends bitwise as the uninterrupted run."""
+    scaffold = ["train.optimizer=sgd", "train.lr=0.05", "train.momentum=0", "federation.num_rounds=3", "federation.checkpoint_every=2",
                 "strategy={name: scaffold}", "client={name: scaffold}"]
     reference = run_in_process(smoke_config(scaffold), tmp_path / "reference")
     with pytest.raises(SimulatedCrash):

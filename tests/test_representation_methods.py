@@ -204,7 +204,7 @@ def test_fedetf_sends_and_keeps_the_etf_head(flower_identity):
         load_model_arrays(built, arrays)
         return built.eval()
 
-    ctx = StrategyContext(4, 2, 7, 60.0, initial, build, None)
+    ctx = StrategyContext(4, 2, 7, 60.0, initial, build, None, 2)
     strategy = STRATEGIES.get("fedetf").factory(FedAvgConfig(), ctx)
     etf = simplex_etf(4, model.feature_dim, seed=7).astype(np.float32)
     [sent, _] = strategy.configure_train(1, to_record(initial), ConfigRecord(), _Grid())
