@@ -19,10 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedmech_flwr.client import CLIENTS, FedMechClient
-from fedmech_flwr.training import local_steps
 
 A_NORM = "fednova-a-norm"
 """The client metric holding ||a_i||_1."""
@@ -40,11 +38,6 @@ def a_norm(steps: int, momentum: float) -> float:
 @CLIENTS.register("fednova", pairs_with=("fednova",))
 class FedNovaClient(FedMechClient):
     """Plain local training that reports tau_i and ||a_i||_1 with its weights."""
-
-    def round_data(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = super().round_data(generator)
-        self.steps = local_steps(len(x), self.train_cfg)  # tau_i: the steps the shared loop takes on these
-        return x, y
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         weights, num_examples, metrics = super().fit(parameters, config)

@@ -29,7 +29,6 @@ import torch
 
 from clients.fednova import a_norm
 from fedmech_flwr.client import CLIENTS, FedMechClient
-from fedmech_flwr.training import local_steps
 
 CONTROL = "scaffold-c"
 """The ArrayRecord of the train message holding the server's control variate c."""
@@ -40,11 +39,6 @@ DELTA_CONTROL = "scaffold-delta-c"
 @CLIENTS.register("scaffold", pairs_with=("scaffold",))
 class ScaffoldClient(FedMechClient):
     """Local SGD with SCAFFOLD's drift correction; reads ``scaffold-c`` from the message."""
-
-    def round_data(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = super().round_data(generator)
-        self.steps = local_steps(len(x), self.train_cfg)  # K: the steps the shared loop takes on these
-        return x, y
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         if CONTROL not in self.received:

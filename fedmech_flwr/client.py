@@ -64,6 +64,8 @@ class FedMechClient(NumPyClient):
     upload: dict[str, NamedArrays]
     """Arrays ``fit`` sends its strategy besides the weights, by name; the strategy reads
     them with ``fedmech_flwr.strategy.uploaded``."""
+    steps: int
+    """The optimizer steps the last ``fit`` took (SCAFFOLD's K, FedNova's tau_i)."""
 
     def __init__(
         self,
@@ -126,6 +128,7 @@ class FedMechClient(NumPyClient):
         if self.pruning.mode == "magnitude":
             pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
         stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.objective, pruner)
+        self.steps = stats.steps
         metrics = {
             "train-loss": stats.loss,
             "train-accuracy": stats.accuracy,
