@@ -23,12 +23,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from clients.feddyn import ALPHA
 from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import WeightedFedAvg
 from strategies.scaffold import l2_norm, parameter_names
+
+ALPHA = "feddyn-alpha"
+"""The train config key alpha is sent under (the ``feddyn`` client reads it)."""
 
 
 @dataclass

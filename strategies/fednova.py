@@ -25,12 +25,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from clients.fednova import A_NORM
 from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 from strategies.scaffold import parameter_names, sgd_only
+
+A_NORM = "fednova-a-norm"
+"""The metric the ``fednova`` client reports ||a_i||_1 under."""
 
 
 class FedNova(WeightedFedAvg):

@@ -32,7 +32,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from clients.scaffold import CONTROL, DELTA_CONTROL
 from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
@@ -40,6 +39,11 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, uploaded
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+
+CONTROL = "scaffold-c"
+"""The train message's ArrayRecord holding c (the ``scaffold`` client reads it)."""
+DELTA_CONTROL = "scaffold-delta-c"
+"""What the ``scaffold`` client uploads: c_i+ - c_i, by parameter name."""
 
 
 @dataclass
