@@ -58,7 +58,7 @@ def pytest_sessionfinish(session) -> None:
 def pytest_testnodedown(node, error) -> None:
     from faults import INJECTED
 
-    INJECTED.update(node.workeroutput.get("faults", {}))
+    INJECTED.update(getattr(node, "workeroutput", {}).get("faults", {}))  # a crashed worker sent none
 
 
 @pytest.fixture(autouse=True)
