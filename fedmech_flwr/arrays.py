@@ -7,6 +7,7 @@ behind; a file that is truncated or foreign anyway gives a ``BadFileError`` nami
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -54,8 +55,19 @@ def weighted_mean(models: Sequence[NamedArrays], weights: Sequence[float]) -> Na
         acc = np.zeros(first.shape, dtype=np.float64)
         for arrays, w in zip(models, weights):
             acc += arrays[name].astype(np.float64) * (w / total)
-        out[name] = np.rint(acc).astype(first.dtype) if np.issubdtype(first.dtype, np.integer) else acc.astype(first.dtype)
+        out[name] = cast(acc, first.dtype)
     return out
+
+
+def cast(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``value`` (computed in float64) back in an array's own ``dtype``, rounded to the
+    nearest integer for an integer buffer instead of truncated."""
+    return np.rint(value).astype(dtype) if np.issubdtype(dtype, np.integer) else np.asarray(value).astype(dtype)
+
+
+def l2_norm(arrays: NamedArrays) -> float:
+    """The L2 norm of all arrays together, as one vector (in float64)."""
+    return math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in arrays.values()))
 
 
 def save_arrays(path: str | Path, arrays: NamedArrays, metadata: dict[str, str] | None = None) -> None:

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
@@ -39,6 +40,12 @@ class WeightedFedAvg(FedAvg):
     def __init__(self, weighting: str = "examples", **kwargs) -> None:
         super().__init__(**kwargs)
         self.weighting = weighting
+        self.sent: NamedArrays = {}
+        """The model this round's clients start from (what rules that step from it read)."""
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        self.sent = from_record(arrays)
+        return super().configure_train(server_round, arrays, config, grid)
 
     def summary(self) -> None:
         """The start-up log: sampling, and how the average is really weighted."""

@@ -23,11 +23,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
+from fedmech_flwr.arrays import NamedArrays, l2_norm, weighted_mean
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import WeightedFedAvg
-from strategies.scaffold import l2_norm, parameter_names
+from strategies.scaffold import parameter_names
 
 ALPHA = "feddyn-alpha"
 """The train config key alpha is sent under (the ``feddyn`` client reads it)."""
@@ -48,10 +48,8 @@ class FedDyn(WeightedFedAvg):
         self.h = h
         self.alpha = alpha
         self.num_clients = num_clients
-        self.sent: NamedArrays = {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.sent = from_record(arrays)
         config[ALPHA] = self.alpha
         return super().configure_train(server_round, arrays, config, grid)
 

@@ -19,13 +19,10 @@ a_i assume local SGD, so the strategy refuses any other ``train.optimizer``. Its
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import RecordDict
 
-from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
+from fedmech_flwr.arrays import NamedArrays, weighted_mean
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
@@ -41,11 +38,6 @@ class FedNova(WeightedFedAvg):
     def __init__(self, float_names: list[str], weighting: str = "examples", **kwargs) -> None:
         super().__init__(weighting=weighting, **kwargs)
         self.float_names = float_names
-        self.sent: NamedArrays = {}
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.sent = from_record(arrays)
-        return super().configure_train(server_round, arrays, config, grid)
 
     def average(self, server_round: int, contents: list[RecordDict], models: list[NamedArrays],
                 weights: list[float]) -> tuple[NamedArrays, dict[str, int | float]]:

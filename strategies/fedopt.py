@@ -47,11 +47,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record
+from fedmech_flwr.arrays import NamedArrays, cast, from_record, l2_norm, to_record
 from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.run_folder import record_key
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
@@ -113,11 +112,6 @@ class FedAvgMConfig(FedAvgConfig):
     """beta: v_t = beta v_{t-1} + (x_t - mean)."""
 
 
-def _as(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``value`` in ``dtype``, rounded to the nearest integer for an integer dtype."""
-    return np.rint(value).astype(dtype) if np.issubdtype(dtype, np.integer) else np.asarray(value).astype(dtype)
-
-
 def _pick(arrays: NamedArrays, prefix: str, names: Iterable[str]) -> NamedArrays:
     """``arrays[prefix + name]`` for each of ``names`` present, keyed by name."""
     return {k: arrays[prefix + k] for k in names if prefix + k in arrays}
@@ -136,20 +130,15 @@ class ServerOptimiser:
         super().__init__(**kwargs)
         self.weighting = weighting
         self.dtypes = {k: v.dtype for k, v in model.items()}
-        self.sent: NamedArrays = {}
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.sent = from_record(arrays)
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
             return None, None
         stepped = from_record(arrays)
-        out = {k: _as(stepped[k], dtype) for k, dtype in self.dtypes.items()}
-        step = [out[k].astype(np.float64) - self.sent[k] for k, d in self.dtypes.items() if np.issubdtype(d, np.floating)]
-        metrics[UPDATE_NORM] = float(np.sqrt(sum(np.sum(np.square(s)) for s in step)))
+        out = {k: cast(stepped[k], dtype) for k, dtype in self.dtypes.items()}
+        metrics[UPDATE_NORM] = l2_norm({k: out[k].astype(np.float64) - self.sent[k] for k, d in self.dtypes.items()
+                                        if np.issubdtype(d, np.floating)})
         return to_record(out), metrics
 
 

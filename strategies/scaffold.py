@@ -24,7 +24,6 @@ N clients' c_i. Option II assumes plain local SGD, so the strategy refuses any o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,7 +31,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
+from fedmech_flwr.arrays import NamedArrays, l2_norm, to_record, weighted_mean
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -61,11 +60,6 @@ def sgd_only(method: str, why: str) -> Callable[[object, ExperimentConfig, DataI
     return check
 
 
-def l2_norm(arrays: NamedArrays) -> float:
-    """The L2 norm of all arrays together, as one vector."""
-    return math.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in arrays.values()))
-
-
 def parameter_names(ctx: StrategyContext) -> list[str]:
     """The model's float parameters (``named_parameters``), which carry the methods' states;
     buffers do not."""
@@ -82,10 +76,8 @@ class Scaffold(WeightedFedAvg):
         self.control = control
         self.num_clients = num_clients
         self.server_lr = server_lr
-        self.sent: NamedArrays = {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        self.sent = from_record(arrays)
         control = to_record(self.control)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         for msg in messages:  # Flower's messages share one content: each gets its own
