@@ -20,10 +20,10 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr import plugins
-from fedmech_flwr.arrays import NamedArrays, to_record
+from fedmech_flwr.arrays import NamedArrays, load_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
 from fedmech_flwr.tools.launch import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
 from fedmech_flwr.wire import REPORT_KEY
@@ -158,6 +158,25 @@ def assert_same_run(reference: Path, resumed: Path) -> None:
     assert without_measured(read_records(resumed)) == without_measured(read_records(reference))  # nothing lost or doubled
     assert sorted(compared_files(resumed)) == sorted(compared_files(reference))
     assert lost_bytes(reference, resumed) == 0
+
+
+def killed_then_resumed(overrides: list[str], out: Path, client: int, at_round: int) -> NamedArrays:
+    """Run the smoke config with ``overrides`` once uninterrupted and once killed in client
+    ``client``'s training in round ``at_round``; resume the killed run in process and check
+    it ends as the uninterrupted one. Returns the resume point the kill left (its ``round``
+    and saved state), for what a test must find in it."""
+    from faults import Fault, SimulatedCrash, faulty_app
+    from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
+
+    reference = run_in_process(smoke_config(overrides), out / "reference")
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(overrides), out / "killed", faulty_app(Fault("crash", client, at_round)))
+    [run] = run_folders(out / "killed")
+    as_killed(run)
+    left = load_arrays(run / STATE_FILE)
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+    return left
 
 
 def as_killed(run: Path) -> None:

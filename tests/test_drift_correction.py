@@ -17,15 +17,13 @@ from flwr.app import ConfigRecord, Message
 from clients.feddyn import ALPHA, FedDynClient
 from clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
 from clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
-from conftest import as_killed, assert_same_run, run_folders, smoke_config
-from faults import Fault, SimulatedCrash, faulty_app
-from fedmech_flwr.app.inprocess import resume_in_process, run_in_process, train_replies
-from fedmech_flwr.arrays import from_record, load_arrays, pack, to_record
+from conftest import killed_then_resumed, smoke_config
+from fedmech_flwr.app.inprocess import train_replies
+from fedmech_flwr.arrays import from_record, pack, to_record
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.run_folder import STATE_FILE
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
@@ -264,14 +262,7 @@ def test_scaffold_state_survives_a_resume(tmp_path):
     """The issue's test: killed after round 2, resumed, it ends bitwise as the uninterrupted run."""
     scaffold = ["train.optimizer=sgd", "train.lr=0.05", "train.momentum=0", "federation.num_rounds=3", "federation.checkpoint_every=2",
                 "strategy={name: scaffold}", "client={name: scaffold}"]
-    reference = run_in_process(smoke_config(scaffold), tmp_path / "reference")
-    with pytest.raises(SimulatedCrash):
-        run_in_process(smoke_config(scaffold), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
-    [run] = run_folders(tmp_path / "killed")
-    as_killed(run)
-    state = load_arrays(run / STATE_FILE)
+    state = killed_then_resumed(scaffold, tmp_path, 1, 3)
     assert state["round"] == 2 and np.any(state["strategy/conv1.weight"] != 0)
     for client in range(3):  # every client's c_i, moved from zero
         assert np.any(state[f"clients/{client}/conv1.weight"] != 0)
-    assert resume_in_process(run) == run
-    assert_same_run(reference, run)

@@ -16,9 +16,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 from clients.fedrod import FedRoDClient, FedRoDConfig
-from conftest import as_killed, assert_same_run, run_folders, smoke_config
-from faults import Fault, SimulatedCrash, faulty_app
-from fedmech_flwr.app.inprocess import InProcessGrid, resume_in_process, run_in_process, train_replies
+from conftest import killed_then_resumed, smoke_config
+from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process, train_replies
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, to_record
 from fedmech_flwr.client import ClientData
 from fedmech_flwr.models import build_model
@@ -222,16 +221,8 @@ def test_configs_hold_flowers_arguments_and_defaults(name, flower):
 def test_a_killed_run_resumes_with_the_server_optimisers_state(tmp_path, strategy, state_key):
     """Killed in round 2, resumed from round 1's state: without the optimiser's state
     the resumed round 2 would step from fresh moments and differ."""
-    cfg = [f"strategy={strategy}"]
-    reference = run_in_process(smoke_config(cfg), tmp_path / "reference")
-    with pytest.raises(SimulatedCrash):
-        run_in_process(smoke_config(cfg), tmp_path / "killed", faulty_app(Fault("crash", 1, 2)))
-    [run] = run_folders(tmp_path / "killed")
-    as_killed(run)
-    state = load_arrays(run / STATE_FILE)
+    state = killed_then_resumed([f"strategy={strategy}"], tmp_path, 1, 2)
     assert state["round"] == 1 and state_key in state
-    assert resume_in_process(run) == run
-    assert_same_run(reference, run)
 
 
 @pytest.mark.parametrize(("strategy", "client"), [

@@ -6,7 +6,6 @@ in-process smoke run per method with the misalignment diagnostic."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ from clients.etf import ETFClient, ETFConfig, check_etf_client, etf_logits
 from clients.feddecorr import FedDecorrClient, FedDecorrConfig, decorrelation_loss
 from clients.fedrs import FedRSClient, FedRSConfig, restricted_logits
 from clients.moon import MoonClient, MoonConfig, model_contrastive_loss
-from conftest import as_killed, assert_same_run, run_folders, smoke_config
-from faults import Fault, SimulatedCrash, faulty_app
-from fedmech_flwr.app.inprocess import resume_in_process, run_in_process, train_replies
+from conftest import killed_then_resumed, smoke_config
+from fedmech_flwr.app.inprocess import run_in_process, train_replies
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
 from fedmech_flwr.client import ClientData
 from fedmech_flwr.data import DataInfo
@@ -268,11 +266,4 @@ def test_smoke_run_records_the_method_and_the_misalignment_diagnostic(client, tm
 def test_moon_previous_models_survive_a_resume(tmp_path):
     """Killed in round 3, resumed: the server sends each client the state it kept, so round
     3 contrasts with the same previous models and the run is the uninterrupted one."""
-    overrides = ["client={name: moon}", "strategy={name: moon}", "federation.num_rounds=3"]
-    reference = run_in_process(smoke_config(overrides), tmp_path / "reference")
-    with pytest.raises(SimulatedCrash):
-        run_in_process(smoke_config(overrides), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
-    [run] = run_folders(tmp_path / "killed")
-    as_killed(run)
-    assert resume_in_process(run) == Path(run)
-    assert_same_run(reference, run)
+    killed_then_resumed(["client={name: moon}", "strategy={name: moon}", "federation.num_rounds=3"], tmp_path, 1, 3)

@@ -24,7 +24,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error
 from flwr.common.constant import ErrorCode
 
-from conftest import REPO, SMOKE, as_killed, assert_same_run, run_folders, smoke_config
+from conftest import REPO, SMOKE, as_killed, assert_same_run, killed_then_resumed, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.app.protocol import ClientFailure, failure_reason
@@ -273,16 +273,8 @@ STRATEGIES.register("test_server_momentum", MomentumConfig)(lambda params, ctx: 
 
 
 def test_strategy_state_survives_a_resume(tmp_path):
-    momentum = LONG + ["strategy={name: test_server_momentum, beta: 0.5}"]
-    reference = run_in_process(smoke_config(momentum), tmp_path / "reference")
-    with pytest.raises(SimulatedCrash):
-        run_in_process(smoke_config(momentum), tmp_path / "killed", faulty_app(Fault("crash", 1, 3)))
-    [run] = run_folders(tmp_path / "killed")
-    as_killed(run)
-    state = load_arrays(run / STATE_FILE)
+    state = killed_then_resumed(LONG + ["strategy={name: test_server_momentum, beta: 0.5}"], tmp_path, 1, 3)
     assert state["round"] == 2 and "strategy/conv1.weight" in state
-    assert resume_in_process(run) == run
-    assert_same_run(reference, run)
 
 
 # --- what resume refuses ----------------------------------------------------------------
