@@ -70,7 +70,6 @@ from fedmech_flwr.heads import (
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
 from fedmech_flwr.models import FedMechModel
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, one_class
-from fedmech_flwr.plotting import class_labels, heatmap, line_plot
 from fedmech_flwr.seeds import seed_for, torch_generator
 
 log = logging.getLogger(__name__)
@@ -278,6 +277,8 @@ class Misalignment(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
+        from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+
         if not records:
             return []
         lines = {

@@ -21,7 +21,6 @@ import numpy as np
 
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.plotting import line_plot
 
 
 @dataclass
@@ -91,6 +90,8 @@ class WeightDivergence(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
+        from fedmech_flwr.plotting import line_plot
+
         series: dict[str, dict[str, list[tuple[int, float]]]] = {"relative_distance": {}, "update_cosine": {}, "support_iou": {}}
         for rec in records:
             for pid, entry in rec["clients"].items():

@@ -163,7 +163,9 @@ class Diagnostic:
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         """Draw this diagnostic's plots from its metrics.jsonl records; return the files.
-        ``class_names`` label per-class rows (the dataset's names, as partitions.json has them)."""
+        ``class_names`` label per-class rows (the dataset's names, as partitions.json has them).
+        Import what draws (``fedmech_flwr.plotting``, matplotlib) in here: every ClientApp
+        imports the plug-ins and never draws."""
         return []
 
 

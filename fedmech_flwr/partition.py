@@ -8,18 +8,13 @@ config and seed always give the same split.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib.figure import Figure
 
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import save_figure
 from fedmech_flwr.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -195,47 +190,3 @@ def label_histograms(
     """Per-client label counts, int64 [num_clients, num_classes]."""
     labels = np.asarray(labels)
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
-
-
-BARS_UP_TO = 200
-"""Up to this many clients, one bar per client and class; above, one filled band per class
-(the bars would be thinner than a pixel, and 10,000 clients' 40,000 bars took half a
-minute to draw)."""
-
-
-def plot_label_distribution(
-    hist: np.ndarray, path: str | os.PathLike, class_names: Sequence[str] | None = None
-) -> Path:
-    """Save a stacked horizontal bar chart of per-client label counts as a PNG."""
-    num_clients, num_classes = hist.shape
-    names = list(class_names) if class_names is not None else [str(c) for c in range(num_classes)]
-    if num_classes <= 20:  # qualitative palettes keep neighbouring classes distinct
-        colours = matplotlib.colormaps["tab10" if num_classes <= 10 else "tab20"].colors
-    else:
-        colours = matplotlib.colormaps["turbo"](np.linspace(0, 1, num_classes))
-    ncols = 1 if num_classes <= 25 else 2
-    legend_rows = -(-num_classes // ncols)
-    height = min(12.0, max(1.6 + 0.32 * num_clients, 1.2 + 0.2 * legend_rows))
-    fig = Figure(figsize=(9, height), layout="constrained")
-    ax = fig.subplots()
-    y = np.arange(num_clients)
-    left = np.zeros(num_clients)
-    for c in range(num_classes):
-        if num_clients <= BARS_UP_TO:
-            ax.barh(y, hist[:, c], left=left, color=colours[c], label=names[c], height=0.8)
-        else:
-            ax.stairs(left + hist[:, c], np.arange(num_clients + 1) - 0.5, baseline=left.copy(), fill=True,
-                      orientation="horizontal", color=colours[c], label=names[c])
-        left += hist[:, c]
-    if num_clients <= 40:
-        ax.set_yticks(y, [str(i) for i in y])
-        for i, total in enumerate(left):
-            ax.text(total, i, f" {int(total)}", va="center", fontsize=8)
-    ax.set_xlim(0, max(1.0, left.max()) * 1.1)  # room for the totals
-    ax.set_ylim(num_clients - 0.5, -0.5)  # client 0 on top
-    ax.set(xlabel="training samples", ylabel="client")
-    ax.set_title(f"Label distribution over {num_clients} clients")
-    ax.legend(title="class", loc="upper left", bbox_to_anchor=(1.01, 1), ncols=ncols, fontsize=8)
-    path = save_figure(fig, path)
-    log.info("label distribution plot saved to %s", path)
-    return path

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
-from scipy.optimize import linear_sum_assignment
 
 from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
 from fedmech_flwr.config import ExperimentConfig
@@ -117,6 +116,8 @@ def assign(similarity: np.ndarray, identity_below: float) -> tuple[np.ndarray, f
     """The permutation maximising the summed similarity of reference channel i and
     client channel ``perm[i]``, and its mean similarity gain over the identity; the
     identity when that gain is below ``identity_below``."""
+    from scipy.optimize import linear_sum_assignment  # here: every ClientApp imports the strategies
+
     n = len(similarity)
     _, perm = linear_sum_assignment(similarity + TIE * np.eye(n), maximize=True)
     gain = float(similarity[np.arange(n), perm].mean() - np.trace(similarity) / n)

@@ -3,9 +3,12 @@ one in-process smoke run reused by the end-to-end and CLI tests."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,6 +98,24 @@ def smoke_run(tmp_path_factory) -> Path:
 
     torch.set_num_threads(1)
     return run_in_process(smoke_config(), tmp_path_factory.mktemp("smoke-run"))
+
+
+def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """A folder that ``make`` fills once per test session, whichever pytest-xdist worker
+    asks first; the others wait for it and get the same folder (read-only for tests).
+    A module-scoped fixture would run once per worker that runs one of its tests: a
+    real launch each time. If ``make`` fails, the next worker that asks tries again."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, shared by its workers
+    folder, done = root / f"once-{name}", root / f"once-{name}.done"
+    with open(root / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture

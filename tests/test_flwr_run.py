@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_run, launch_processes_of, lost_bytes
+from conftest import assert_same_run, launch_processes_of, lost_bytes, once_per_session
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 
@@ -39,9 +39,14 @@ def fedmech_run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("completed")
-    done = fedmech_run(out)
-    return next(out.iterdir()), done
+    """The completed run, made once per session: its folder and its process."""
+    def make(folder: Path) -> None:
+        done = fedmech_run(folder / "out")
+        (folder / "process.json").write_text(json.dumps([done.returncode, done.stdout, done.stderr]))
+
+    folder = once_per_session(tmp_path_factory, "flwr-run-completed", make)
+    returncode, stdout, stderr = json.loads((folder / "process.json").read_text())
+    return next((folder / "out").iterdir()), subprocess.CompletedProcess([], returncode, stdout, stderr)
 
 
 def test_flwr_run_completes_and_writes_the_run_folder(completed):

@@ -1,8 +1,11 @@
-"""The core's modules import each other without a circle, lazy imports included."""
+"""The core's modules import each other without a circle, lazy imports included, and a
+ClientApp imports nothing that draws."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -77,3 +80,18 @@ def test_the_layers_import_one_way():
     assert {layer(m) for m in graph} == {"core", "app", "tools"}  # the layout was read
     wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) not in ALLOWED[layer(m)])
     assert wrong == []
+
+
+DRAWING = ("matplotlib", "scipy", "sklearn", "pandas")
+"""What a ClientApp never uses: every Ray worker and SuperNode would pay its import at
+start (about 0.6 s of CPU each for matplotlib and scipy.optimize on 2 cores)."""
+
+
+def test_a_clientapp_imports_nothing_that_draws():
+    """The ClientApp with every built-in plug-in (the server draws; plug-ins import what
+    draws inside ``plot``), checked in a fresh interpreter."""
+    code = ("import sys, fedmech_flwr.app.client_app, fedmech_flwr.plugins as p; p.load(); "
+            f"print(sorted(m for m in {DRAWING!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

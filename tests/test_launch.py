@@ -1,12 +1,13 @@
 """What ``flwr run`` is given: a copy of the app's sources that Flower bundles exactly as
-it bundles the app folder itself, without walking what the app ignores."""
+it bundles the app folder itself, without walking what the app ignores; and the size of
+the private Ray it runs on."""
 
 from __future__ import annotations
 
 from flwr.cli.build import build_fab_from_disk
 
 from fedmech_flwr.run_folder import APP_DIR
-from fedmech_flwr.tools.launch import stage_app
+from fedmech_flwr.tools.launch import private_ray_cpus, stage_app
 
 
 def test_the_staged_copy_of_this_app_bundles_bitwise_as_the_app(tmp_path):
@@ -31,3 +32,14 @@ def test_staging_skips_ignored_hidden_and_cache_folders_and_keeps_what_flower_bu
         ".gitignore", "LICENSE", "pkg/__init__.py", "pkg/conf.yaml", "pkg/data.json", "pkg/model.py", "pkg/notes.md",
         "pyproject.toml"]
     assert (staged / "pkg" / "model.py").read_text() == "x = 1"
+
+
+def test_a_private_ray_gets_no_more_cpus_than_the_clients_use_at_once(monkeypatch):
+    """Flower starts a client actor per ``cpus_per_client`` CPUs of the cluster: a 3-client
+    run on 32 cores gets a Ray of 3 CPUs (3 actors), not 32; a sweep worker's share caps it."""
+    monkeypatch.setattr("os.cpu_count", lambda: 32)
+    assert private_ray_cpus(3 * 1) == 3
+    assert private_ray_cpus(3 * 4) == 12
+    assert private_ray_cpus(100 * 1) == 32  # the whole machine, as before
+    assert private_ray_cpus(100 * 1, share=8) == 8  # one of four sweep workers
+    assert private_ray_cpus(2 * 1, share=8) == 2

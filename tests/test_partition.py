@@ -7,18 +7,17 @@ import time
 import numpy as np
 import pytest
 
-from fedmech_flwr import partition
+from fedmech_flwr import plotting
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.partition import (
-    BARS_UP_TO,
     PARTITIONERS,
     ClassesPerClientConfig,
     ClassMapConfig,
     DirichletConfig,
     label_histograms,
     partition_dataset,
-    plot_label_distribution,
 )
+from fedmech_flwr.plotting import BARS_UP_TO, plot_label_distribution
 from fedmech_flwr.typed import parse_dataclass
 
 LABELS = np.random.default_rng(0).permutation(np.arange(2000) % 10)  # 200 per class
@@ -140,7 +139,7 @@ def test_label_plot_of_many_clients_draws_a_band_per_class(monkeypatch, tmp_path
     """A bar per client and class up to ``BARS_UP_TO`` clients; above, one band per class,
     so the plot's cost does not grow with the federation."""
     figures = []
-    monkeypatch.setattr(partition, "save_figure", lambda fig, path: figures.append(fig) or path)
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: figures.append(fig) or path)
     hist = np.random.default_rng(0).integers(1, 10, size=(num_clients, 3))
     plot_label_distribution(hist, tmp_path / "labels.png")
     (ax,) = figures[0].axes

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_same_run, launch_processes_of
+from conftest import REPO, assert_same_run, launch_processes_of, once_per_session
 from fedmech_flwr.run_folder import STATE_FILE, process_alive
 from fedmech_flwr.tools.report import write_report
 
@@ -55,11 +55,14 @@ def mtimes(run: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(sweep_command(out, "--parallel", "2"), cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "[4/4]" in done.stdout and "4 of 4 cell(s) run now completed" in done.stdout
-    return out / "smoke-sweep"
+    """The sweep run uninterrupted, two cells at a time (made once per session)."""
+    def make(out: Path) -> None:
+        done = subprocess.run(sweep_command(out, "--parallel", "2"), cwd=REPO, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        assert "[4/4]" in done.stdout and "4 of 4 cell(s) run now completed" in done.stdout
+
+    return once_per_session(tmp_path_factory, "uninterrupted-sweep", make) / "smoke-sweep"
 
 
 def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(reference, tmp_path):

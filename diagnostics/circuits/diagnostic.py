@@ -106,7 +106,6 @@ from fedmech_flwr.hooks import (
 )
 from fedmech_flwr.masks import pack_masks, to_bools, unpack_masks
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, lookup
-from fedmech_flwr.plotting import class_labels, heatmap, line_plot
 from fedmech_flwr.seeds import seed_for, torch_generator
 from fedmech_flwr.training import largest_predicted_class
 
@@ -403,6 +402,8 @@ class Circuits(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
+        from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+
         if not records:
             return []
         window = records[-1].get("moving_average", 1)

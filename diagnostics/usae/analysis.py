@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from diagnostics.usae.activations import InMemorySource, StreamingSource, check_layer, collect_tokens
@@ -235,6 +234,8 @@ def _labels(names: list[str], width: int = 16) -> tuple[list[str], str | None]:
 
 def plot_usae(metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """R^2 matrix, concept firing-frequency histogram and stitching bars, as PNGs."""
+    from matplotlib.figure import Figure
+
     out_dir = Path(out_dir)
     full_names = metrics["models"]
     names, key = _labels(full_names)

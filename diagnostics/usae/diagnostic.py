@@ -29,7 +29,6 @@ from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.plotting import line_plot
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +118,8 @@ class Usae(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
+        from fedmech_flwr.plotting import line_plot
+
         if not records:
             return []
         overlap = {

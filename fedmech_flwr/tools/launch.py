@@ -255,6 +255,7 @@ class _LocalFlower:
             # `ray start` binds fixed ports that a second Ray on the machine would also take; these are free ones
             "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(_free_port()),
             "--dashboard-agent-listen-port", str(_free_port()),
+            "--no-monitor",  # the autoscaler's monitor: a private head of fixed size has nothing to scale
         ])
 
     def wait_for_ray(self, timeout: float = RAY_TIMEOUT_S) -> None:
@@ -486,6 +487,16 @@ class WarmSimulations:
             stack.close()
 
 
+def private_ray_cpus(clients_cpus: int, share: int | None = None) -> int:
+    """The CPUs a private Ray gets: its ``share`` of this machine (default: all of it), but
+    no more than ``clients_cpus``, what every client of the federation at once would take
+    (clients x ``simulation.cpus_per_client``). Flower starts one client actor for every
+    ``cpus_per_client`` CPUs of the cluster, needed or not, and each is a process that
+    imports torch (seconds of CPU, a few hundred MiB): without the cap a 3-client run on
+    32 cores would start 32."""
+    return min(share or os.cpu_count() or 1, clients_cpus)
+
+
 def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
            stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
     """``flwr run`` an app (this one by default; a user's own Flower app, say) with
@@ -497,8 +508,8 @@ def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfi
     log); the logs of Flower, Ray and the run end up in the run folder's ``logs/``.
     """
     with ExitStack() as stack:
-        return Simulation(stack, sim.ray_address).run(run_config, num_supernodes, sim, stream=stream, app=app,
-                                                      verbose=verbose)
+        simulation = Simulation(stack, sim.ray_address, private_ray_cpus(num_supernodes * sim.cpus_per_client))
+        return simulation.run(run_config, num_supernodes, sim, stream=stream, app=app, verbose=verbose)
 
 
 def stage_app(app: Path, into: Path) -> Path:

@@ -68,7 +68,7 @@ from fedmech_flwr.run_folder import (
     read_status,
     settle_status,
 )
-from fedmech_flwr.tools.launch import WarmSimulations, stop_all
+from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
@@ -420,7 +420,8 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
     line per finished cell; each cell's log gets its console lines (``verbose``: Flower's
     whole log). Ctrl-C or SIGTERM stops every run the sweep started (the cells
     are resumed next time) and re-raises."""
-    num_cpus = check_fits(plan.cells, parallel)
+    num_cpus = private_ray_cpus(max(c.config.federation.num_clients * c.config.simulation.cpus_per_client
+                                    for c in plan.cells), check_fits(plan.cells, parallel))
     with FolderLock(folder / LOCK_FILE, "run the same command again"):
         manifest = Manifest(folder, plan, parallel)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
@@ -437,7 +438,7 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
 
 
 def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Path, manifest: Manifest,
-               parallel: int, num_cpus: int | None, say: Callable[[str], None], verbose: bool) -> list[Outcome]:
+               parallel: int, num_cpus: int, say: Callable[[str], None], verbose: bool) -> list[Outcome]:
     stopping = threading.Event()
     warm = WarmSimulations(num_cpus)  # each worker thread runs its cells on one SuperLink and Ray
     (folder / LOGS_DIR).mkdir(exist_ok=True)
