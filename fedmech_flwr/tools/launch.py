@@ -249,6 +249,9 @@ class _LocalFlower:
         the SuperLink instead of inside each run; a run's ``ray.init`` waits for it."""
         port = _free_port()
         self.env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+        # Ray would start a worker per CPU for the first run's driver; Flower's actors never use
+        # them (they need the job's runtime environment), so they only took CPU from the run's start
+        self.env["RAY_prestart_worker_first_driver"] = "0"
         self.ray_head = self.start("ray", [
             "ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--include-dashboard", "false", "--disable-usage-stats", *(["--num-cpus", str(num_cpus)] if num_cpus else []),
