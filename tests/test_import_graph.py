@@ -1,5 +1,5 @@
 """The core's modules import each other without a circle, lazy imports included, and a
-ClientApp imports nothing that draws."""
+ClientApp imports nothing that only the server uses."""
 
 from __future__ import annotations
 
@@ -82,16 +82,17 @@ def test_the_layers_import_one_way():
     assert wrong == []
 
 
-DRAWING = ("matplotlib", "scipy", "sklearn", "pandas")
-"""What a ClientApp never uses: every Ray worker and SuperNode would pay its import at
-start (about 0.6 s of CPU each for matplotlib and scipy.optimize on 2 cores)."""
+SERVER_ONLY = ("matplotlib", "scipy", "sklearn", "pandas")
+"""What only the server uses (plots, matching, statistics): every Ray worker and SuperNode
+would pay its import at start (about 0.6 s of CPU each for matplotlib and scipy.optimize
+on 2 cores)."""
 
 
-def test_a_clientapp_imports_nothing_that_draws():
-    """The ClientApp with every built-in plug-in (the server draws; plug-ins import what
-    draws inside ``plot``), checked in a fresh interpreter."""
+def test_a_clientapp_imports_nothing_only_the_server_uses():
+    """The ClientApp with every built-in plug-in (plug-ins import what draws inside
+    ``plot``), checked in a fresh interpreter."""
     code = ("import sys, fedmech_flwr.app.client_app, fedmech_flwr.plugins as p; p.load(); "
-            f"print(sorted(m for m in {DRAWING!r} if m in sys.modules))")
+            f"print(sorted(m for m in {SERVER_ONLY!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
