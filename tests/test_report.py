@@ -618,3 +618,20 @@ def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagg
 def test_a_value_that_rounds_to_zero_is_never_minus_zero():
     gap = declared()["misalignment.gaps.probe"]
     assert format_stat(gap, Stat(-0.0004, 0.01, 3)) == "+0.0 ± 0.0 pp (n=3)"
+
+
+def test_dense_runs_are_the_headline_control_only_beside_pruned_ones(tmp_path):
+    """A sweep whose runs are all dense (the leaderboard) has no control series: every
+    group is drawn as a measurement; with pruned runs beside them, the dense ones are."""
+    from fedmech_flwr.tools.report import Group, plot_headline
+
+    def made(mode: str, partition: dict, accuracy: float) -> Group:
+        cfg = {**config(0, data__partition=partition), "pruning": {"mode": mode}}
+        return Group(f"{mode}_{partition['name']}", {}, cfg, [], {"misalignment.global": Stat(accuracy, 1.0, 3)})
+
+    dense = [made("dense", {"name": "iid"}, 80.0), made("dense", {"name": "dirichlet", "alpha": 0.05}, 40.0)]
+    ((_, caption),) = plot_headline(dense, [], tmp_path / "dense", None)
+    assert "dense control" not in caption
+    pruned = [made("magnitude", {"name": "iid"}, 78.0), made("magnitude", {"name": "dirichlet", "alpha": 0.05}, 35.0)]
+    ((_, caption),) = plot_headline(dense + pruned, [], tmp_path / "both", None)
+    assert "hollow squares and dashed lines: the dense control" in caption

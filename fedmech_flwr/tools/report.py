@@ -567,7 +567,8 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
                   paper: PaperValues | None) -> list[tuple[Path, str]]:
     """The paper's claim as one figure: per dataset x model (every config key but the
     partition and the pruning mode), the declared ``by_skew`` accuracies against the skew level, the
-    dense control hollow, flagged values ringed, published values as stars."""
+    dense control hollow (dense runs are the control only where pruned runs stand beside
+    them), flagged values ringed, published values as stars."""
     metrics = declared()
     keys = [f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.by_skew]
     measured = [g for g in groups if any(k in g.stats for k in keys)]
@@ -576,6 +577,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     panels: dict[str, list[Group]] = defaultdict(list)
     for g in measured:
         panels[_without_skew(g.config)].append(g)
+    with_control = len({_is_control(g.config) for g in measured}) == 2  # dense runs beside pruned ones
     drawn, same = [], set()
     for members in panels.values():
         levels = sorted({_skew_level(g.config) for g in members})
@@ -589,7 +591,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
             level = index[_skew_level(g.config)[1]]
             for key in keys:
                 if (stat := g.stats.get(key)) and stat.mean is not None:
-                    panel.series.setdefault((metrics[key].label, _is_control(g.config)), []).append(
+                    panel.series.setdefault((metrics[key].label, with_control and _is_control(g.config)), []).append(
                         (level, stat.mean, stat.half_width, _short_flags(stat)))
         for c in comparisons:
             if c.group in members and c.paper.metric in keys and c.paper.relation in ("=", "≈"):
