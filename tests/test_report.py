@@ -620,18 +620,28 @@ def test_a_value_that_rounds_to_zero_is_never_minus_zero():
     assert format_stat(gap, Stat(-0.0004, 0.01, 3)) == "+0.0 ± 0.0 pp (n=3)"
 
 
-def test_dense_runs_are_the_headline_control_only_beside_pruned_ones(tmp_path):
-    """A sweep whose runs are all dense (the leaderboard) has no control series: every
+def test_dense_runs_are_the_headline_control_only_beside_pruned_ones(tmp_path, monkeypatch):
+    """A panel whose runs are all dense (the leaderboard) has no control series: every
     group is drawn as a measurement; with pruned runs beside them, the dense ones are."""
+    from fedmech_flwr.tools import report
     from fedmech_flwr.tools.report import Group, plot_headline
 
-    def made(mode: str, partition: dict, accuracy: float) -> Group:
-        cfg = {**config(0, data__partition=partition), "pruning": {"mode": mode}}
+    drawn = []
+    real_level_plot = report.level_plot
+    monkeypatch.setattr(report, "level_plot", lambda panels, *a, **k: drawn.append(panels) or real_level_plot(
+        panels, *a, **k))
+
+    def made(mode: str, partition: dict, accuracy: float, seed: int = 0) -> Group:
+        cfg = {**config(seed, data__partition=partition), "pruning": {"mode": mode}}
         return Group(f"{mode}_{partition['name']}", {}, cfg, [], {"misalignment.global": Stat(accuracy, 1.0, 3)})
 
-    dense = [made("dense", {"name": "iid"}, 80.0), made("dense", {"name": "dirichlet", "alpha": 0.05}, 40.0)]
+    skews = ({"name": "iid"}, {"name": "dirichlet", "alpha": 0.05})
+    dense = [made("dense", skew, 80.0 - 40 * i) for i, skew in enumerate(skews)]
     ((_, caption),) = plot_headline(dense, [], tmp_path / "dense", None)
-    assert "dense control" not in caption
-    pruned = [made("magnitude", {"name": "iid"}, 78.0), made("magnitude", {"name": "dirichlet", "alpha": 0.05}, 35.0)]
-    ((_, caption),) = plot_headline(dense + pruned, [], tmp_path / "both", None)
+    assert "dense control" not in caption and list(drawn[-1][0].series) == [("global", False)]
+    pruned = [made("magnitude", skew, 78.0 - 40 * i) for i, skew in enumerate(skews)]
+    other = [made("dense", skew, 70.0 - 40 * i, seed=1) for i, skew in enumerate(skews)]  # a panel of its own
+    ((_, caption),) = plot_headline(dense + pruned + other, [], tmp_path / "both", None)
     assert "hollow squares and dashed lines: the dense control" in caption
+    assert [sorted(panel.series) for panel in drawn[-1]] == [[("global", False), ("global", True)],
+                                                            [("global", False)]]

@@ -577,7 +577,6 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     panels: dict[str, list[Group]] = defaultdict(list)
     for g in measured:
         panels[_without_skew(g.config)].append(g)
-    with_control = len({_is_control(g.config) for g in measured}) == 2  # dense runs beside pruned ones
     drawn, same = [], set()
     for members in panels.values():
         levels = sorted({_skew_level(g.config) for g in members})
@@ -587,6 +586,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
                           if "data.partition" not in k and "pruning.mode" not in k) \
             or f"{flat.get('data.dataset.name')}, {flat.get('model.name')}"
         panel = LevelPanel(title, [label for _, label in levels])
+        with_control = len({_is_control(g.config) for g in members}) == 2  # dense runs beside pruned ones
         for g in members:
             level = index[_skew_level(g.config)[1]]
             for key in keys:
