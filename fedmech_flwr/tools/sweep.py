@@ -322,16 +322,21 @@ def check_fits(cells: list[Cell], parallel: int, cpus: int | None = None, memory
             f"{parallel} runs at once need {parallel * need} CPUs (simulation.cpus_per_client={need} each) and this "
             f"machine has {cpus}; use --parallel {max(1, cpus // need)} or less, or run the cells on a Ray cluster "
             "(simulation.ray_address)", "--parallel")
-    share = cpus // parallel
-    actors = max(min(cfg.federation.clients_per_round or cfg.federation.num_clients,
-                     share // cfg.simulation.cpus_per_client) for cfg in local)
+    ray_cpus = private_ray_cpus(clients_cpus(local), cpus // parallel)
+    actors = max(ray_cpus // cfg.simulation.cpus_per_client for cfg in local)  # Flower fills the Ray with actors
     per_run = SERVER_GIB + ACTOR_GIB * actors
     if parallel * per_run > memory_gib:
         raise ConfigError(
             f"{parallel} runs at once need about {parallel * per_run:.1f} GiB ({per_run:.1f} GiB each: the server "
             f"and {actors} client actor(s)) and {memory_gib:.1f} GiB are available; use --parallel "
             f"{max(1, int(memory_gib // per_run))} or less", "--parallel")
-    return share
+    return cpus // parallel
+
+
+def clients_cpus(configs: list[ExperimentConfig]) -> int:
+    """What every client of the largest federation among ``configs`` takes at once:
+    clients x ``simulation.cpus_per_client`` (``private_ray_cpus``)."""
+    return max((cfg.federation.num_clients * cfg.simulation.cpus_per_client for cfg in configs), default=1)
 
 
 class Manifest:
@@ -420,8 +425,8 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
     line per finished cell; each cell's log gets its console lines (``verbose``: Flower's
     whole log). Ctrl-C or SIGTERM stops every run the sweep started (the cells
     are resumed next time) and re-raises."""
-    num_cpus = private_ray_cpus(max(c.config.federation.num_clients * c.config.simulation.cpus_per_client
-                                    for c in plan.cells), check_fits(plan.cells, parallel))
+    local = [c.config for c in plan.cells if c.config.simulation.ray_address is None]
+    num_cpus = private_ray_cpus(clients_cpus(local), check_fits(plan.cells, parallel))
     with FolderLock(folder / LOCK_FILE, "run the same command again"):
         manifest = Manifest(folder, plan, parallel)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
