@@ -129,14 +129,16 @@ def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: 
     head_set_per_class(params.head_samples, data.audit_per_class - val, data.num_classes, f"{where}.head_samples")
 
 
-def _head(label: str, key: str) -> Metric:
-    return Metric(label, (key, "accuracy"), "%", better="higher", per_class=(key, "per_class"), flag=one_class((key,)))
+def _head(label: str, key: str, doc: str = "") -> Metric:
+    return Metric(label, (key, "accuracy"), "%", better="higher", per_class=(key, "per_class"), flag=one_class((key,)),
+                  doc=doc)
 
 
 OUTPUTS = Outputs(
     "Preserved or misaligned (misalignment diagnostic)",
-    {"global": _head("global", "global"), "probe": _head("probe", "probe"),
-     "realigned": _head("realigned (val-selected)", "realigned"),
+    {"global": _head("global", "global", "global model"),
+     "probe": _head("probe", "probe", "linear probe on its frozen features"),
+     "realigned": _head("realigned (val-selected)", "realigned", "its head retrained alone"),
      "realigned_test_selected": _head("realigned (test-selected)", "realigned_test_selected"),
      "ncm": _head("NCM", "ncm"), "ccvr": _head("CCVR", "ccvr"), "tau_norm": _head("tau-norm", "tau_norm"),
      "gaps.probe": Metric("probe − global", ("gaps", "probe"), "pp", per_class=("per_class_gaps", "probe"),

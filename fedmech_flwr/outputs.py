@@ -54,6 +54,9 @@ class Metric:
     flag: Flag | None = None
     """The validity rule: a record's flag (e.g. "one class") when the value must not be read
     as a measurement; a flagged value is marked wherever shown and satisfies no bound."""
+    doc: str = ""
+    """What the value is, in words for someone new to the project (the verdict of a sweep
+    with an IID control says it)."""
     record: str = ""
     """The record it is read from (``eval``, ``strategy`` or a diagnostic's name), which
     ``declared()`` fills in."""

@@ -33,15 +33,19 @@ def line_plot(
     notes: dict[str, dict[int, str]] | None = None, footnote: str | None = None,
 ) -> Path:
     """One line per series of (round, value) points; a legend when there are few lines.
-    ``notes[series][round]`` is written at that point (e.g. how many pairs a mean covers);
-    ``footnote`` goes under the axes."""
+    Series with the same points are drawn once, labelled ``a = b``, so no line hides
+    another. ``notes[series][round]`` is written at that point (e.g. how many pairs a
+    mean covers); ``footnote`` goes under the axes."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
+    same: dict[tuple, list[str]] = {}
     for label, points in lines.items():
-        xs, ys = zip(*sorted(points))
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        same.setdefault(tuple(sorted(points)), []).append(label)
+    for labels in same.values():
+        xs, ys = zip(*sorted(lines[labels[0]]))
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=" = ".join(labels))
         for x, y in zip(xs, ys):
-            if text := (notes or {}).get(label, {}).get(x):
+            if text := (notes or {}).get(labels[0], {}).get(x):
                 ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=6,
                             color=line.get_color())
     ax.set(title=title, xlabel="round", ylabel=ylabel)
@@ -49,7 +53,7 @@ def line_plot(
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-    if len(lines) <= 12:
+    if len(same) <= 12:
         ax.legend(fontsize=8, loc="best")
     if footnote:
         fig.supxlabel(footnote, fontsize=7)

@@ -55,7 +55,10 @@ def test_flwr_run_completes_and_writes_the_run_folder(completed):
     lines = done.stdout.splitlines()
     assert lines[0] == (f"fedmech run: smoke -> {run_dir} | 2 clients x 3 rounds | simulation on a private Ray, "
                         "1 CPU(s) per client")
-    assert lines[-1].startswith(f"completed: {run_dir} | next: fedmech report {run_dir}")
+    page = run_dir / "report" / "index.html"
+    assert lines[-1] == (f"completed: {run_dir} | plots in {run_dir / 'plots'}, Flower's log in {run_dir / 'logs'} "
+                         f"| page: {page}")
+    assert page.is_file() and f"<h1>fedmech run {run_dir.name}: completed</h1>" in page.read_text()
     assert read_status(run_dir)["status"] == "completed"
     evals = read_records(run_dir, "eval")
     assert [r["round"] for r in evals] == [0, 1, 2, 3]
@@ -78,6 +81,11 @@ def test_a_failed_run_is_reported_as_failed(tmp_path):
     last = done.stderr.strip().splitlines()[-1]  # the server's error reached the user, in one line
     assert re.match(r"failed: ClientFailure: round 1: client \d failed \(non-finite weights in ", last) and "--resume" in last
     assert read_status(run_dir)["status"] == "failed"
+    page = run_dir / "report" / "index.html"  # the page says so first
+    assert last.endswith(f" | page: {page}")
+    text = page.read_text()
+    assert f"<h1>fedmech run {run_dir.name}: failed</h1>" in text
+    assert text.index("Runs not in the statistics") < text.index("Protocol") and "non-finite weights" in text
 
 
 def test_bad_input_is_refused_before_flower_starts(tmp_path):

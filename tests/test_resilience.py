@@ -391,8 +391,10 @@ def test_ctrl_c_stops_a_new_run_with_one_line_and_no_traceback(tmp_path, capsys,
     [line] = capsys.readouterr().err.lstrip("\n").splitlines()
     if server_made_the_folder:
         [run] = runs
+        page = run / "report" / "index.html"
         assert line == ("stopped: every process the run started is stopped; "
-                        f"continue it with `fedmech run --resume {run}`")
+                        f"continue it with `fedmech run --resume {run}` | page: {page}")
+        assert page.is_file()
     else:
         assert not runs and line.startswith(f"stopped before the run folder {tmp_path}/smoke-")
         assert line.endswith(" was made: nothing to resume; start the run again")
@@ -402,8 +404,8 @@ def test_ctrl_c_stops_a_resumed_run_with_how_to_resume_it_again(smoke_run, tmp_p
     run = killed_copy(smoke_run, tmp_path).resolve()
     monkeypatch.setattr(cli, "launch", lambda *_, **__: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["run", "--resume", str(run)]) == EXIT_INTERRUPTED
-    assert capsys.readouterr().err == (
-        f"\nstopped: every process the run started is stopped; continue it with `fedmech run --resume {run}`\n")
+    assert capsys.readouterr().err == (f"\nstopped: every process the run started is stopped; continue it with "
+                                       f"`fedmech run --resume {run}` | page: {run / 'report' / 'index.html'}\n")
     assert not (run / LOCK_FILE).exists()
 
 
@@ -615,7 +617,8 @@ def test_the_cli_marks_a_run_failed_whose_serverapp_ended_without_a_status(tmp_p
     assert read_status(run)["status"] == "failed" and read_status(run)["error"] == reason
     out, err = capsys.readouterr()
     assert out.startswith(f"fedmech run: smoke -> {run} | 3 clients x 2 rounds | simulation")
-    assert err.strip() == f"failed: {reason} | once fixed, continue it: fedmech run --resume {run} | logs in {run / 'logs'}"
+    assert err.strip() == (f"failed: {reason} | once fixed, continue it: fedmech run --resume {run} | logs in "
+                           f"{run / 'logs'} | page: {run / 'report' / 'index.html'}")
 
 
 # --- resume checks everything before Flower starts -------------------------------------

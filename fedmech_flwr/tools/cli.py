@@ -219,21 +219,38 @@ def _engine(cfg: ExperimentConfig) -> str:
     return f"simulation on {where}, {sim.cpus_per_client} CPU(s) per client"
 
 
+PAGE_DIR = "report"
+"""Where a run's or sweep's page goes, inside its folder: ``report/index.html``."""
+
+
+def write_page(paths: list[Path], folder: Path) -> str:
+    """Write the page of a run or sweep folder (``fedmech report`` of it, into
+    ``folder/report``) and return the words that name it for the console's last line; a
+    page that cannot be written is said so, never fatal: the run's own files are intact."""
+    from fedmech_flwr.tools.report import write_report
+
+    try:
+        return f"page: {write_report(paths, folder / PAGE_DIR, PAPER_VALUES)}"
+    except (ConfigError, BadFileError, OSError) as err:
+        return f"no page ({' '.join(str(err).split())}; `fedmech report {folder} --out {folder / PAGE_DIR}` retries it)"
+
+
 def _report(result: LaunchResult, run_dir: Path) -> int:
-    """The console's last line (status, folder, what to do next). Exit 0 only if Flower
-    says ``finished:completed`` and the run folder ``completed``. A folder still "running"
-    after its ServerApp ended is marked failed here, so no status outlives its writer."""
+    """The console's last line (status, folder, the run's page, what to do next). Exit 0
+    only if Flower says ``finished:completed`` and the run folder ``completed``. A folder
+    still "running" after its ServerApp ended is marked failed here, so no status outlives
+    its writer."""
     status = settle_status(run_dir, result.status)
-    if result.ok and status["status"] == "completed":
-        print(f"completed: {run_dir} | next: fedmech report {run_dir} --out {run_dir / 'report'} "
-              f"(plots in {run_dir / 'plots'}, Flower's log in {run_dir / 'logs'})")
-        return EXIT_OK
     if status["status"] == "missing":
         print(f"failed before the run folder was made (Flower: {result.status}); see the log above", file=sys.stderr)
         return EXIT_FAILED
+    page = write_page([run_dir], run_dir)
+    if result.ok and status["status"] == "completed":
+        print(f"completed: {run_dir} | plots in {run_dir / 'plots'}, Flower's log in {run_dir / 'logs'} | {page}")
+        return EXIT_OK
     reason = status.get("error") or f"Flower's run status is {result.status}"
     then = f" | once fixed, continue it: fedmech run --resume {run_dir}" if status.get("resumable") else ""
-    print(f"failed: {reason}{then} | logs in {run_dir / 'logs'}", file=sys.stderr)
+    print(f"failed: {reason}{then} | logs in {run_dir / 'logs'} | {page}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -260,13 +277,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _stopped(run_dir: Path) -> str:
-    """One line for a run stopped by Ctrl-C: where it is, and how to continue it."""
+    """One line for a run stopped by Ctrl-C: where it is, how to continue it, its page."""
     status = read_status(run_dir)["status"]
     if status == "missing":
         return f"stopped before the run folder {run_dir} was made: nothing to resume; start the run again"
+    page = write_page([run_dir], run_dir)
     if status == "completed":
-        return f"stopped after the run completed: run folder {run_dir}"
-    return f"stopped: every process the run started is stopped; continue it with `fedmech run --resume {run_dir}`"
+        return f"stopped after the run completed: run folder {run_dir} | {page}"
+    return (f"stopped: every process the run started is stopped; continue it with `fedmech run --resume {run_dir}` "
+            f"| {page}")
 
 
 def cmd_deploy_local(args: argparse.Namespace) -> int:
@@ -373,12 +392,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                              say=lambda line: print(line, flush=True), verbose=args.verbose)
     except KeyboardInterrupt:
         print(f"\nstopped: every run the sweep started is stopped; run the same command again to continue "
-              f"({folder})", file=sys.stderr)
+              f"({folder}) | {write_page([folder], folder)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     failed = [o for o in outcomes if o.status != "completed"]
-    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder {folder}\n"
-          f"report: fedmech report {folder} --out {folder / 'report'}")
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder {folder}")
+    page = write_page([folder], folder)
+    for line in _verdict(folder):
+        print(line)
+    print(page)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _verdict(folder: Path) -> list[str]:
+    """The verdict the sweep's page holds (``report.skew_verdict``), from its summary.json."""
+    from fedmech_flwr.tools.report import SUMMARY_FILE
+
+    try:
+        return json.loads((folder / PAGE_DIR / SUMMARY_FILE).read_text())["verdict"]
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 def cmd_status(args: argparse.Namespace) -> int:

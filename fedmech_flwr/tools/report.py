@@ -243,10 +243,13 @@ def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[Run]]:
 
 
 def _read_run(path: Path) -> Run:
+    """A run folder; one that its run left before saving its config (killed or failed at
+    start) has its status alone."""
     run = Run(name=path.name, path=path, status="pending")
     _open_run(run)
-    if run.config is None:
+    if run.config is None and run.status == "pending":
         raise ConfigError(f"{path} has no {CONFIG_FILE}: pass run folders that `fedmech run` made, or a sweep folder")
+    run.config = run.config or {}
     run.seed = run.config.get("seed")
     if run.status == "pending":
         run.status = "unknown"  # no status.json
@@ -465,6 +468,99 @@ def compare(paper: PaperValues, groups: list[Group]) -> tuple[list[Comparison], 
         out += [_judge(value, g, groups, paper.same_protocol(value, g.config)) for g in matched]
         unmatched += [] if matched else [value]
     return out, unmatched
+
+
+# --- the verdict: a label-skewed group against its IID control --------------------------
+
+IID = {"data.partition.name": "iid"}
+"""Where a label-skewed group's control differs from it: the same runs on an IID split."""
+
+
+def _skew_keys() -> list[str]:
+    """The first declared ``by_skew`` metrics: the model's own accuracy, then readouts of
+    the same model's features (the misalignment diagnostic's global, probe, realigned)."""
+    return next(([f"{record}.{k}" for k in outputs.by_skew] for record, outputs in declarations().items()
+                 if outputs.by_skew), [])
+
+
+def skew_pairs(groups: list[Group]) -> list[tuple[Group, Group]]:
+    """(label-skewed group, its IID control) pairs that measured the ``by_skew`` metrics,
+    the most skewed first."""
+    keys = _skew_keys()
+    pairs = [(g, c) for g in groups
+             if flatten_plain(g.config).get("data.partition.name") != "iid"
+             and (c := _control(g, IID, groups)) is not None
+             and keys and all(k in g.stats and k in c.stats for k in keys)]
+    return sorted(pairs, key=lambda pair: _skew_level(pair[0].config)[0], reverse=True)
+
+
+def _level(stat: Stat, unit: str) -> str:
+    """``57.0%``, or ``57.0 ± 2.1%`` over several seeds; ``undefined``."""
+    if stat.mean is None:
+        return "undefined"
+    return f"{stat.mean:.1f}" + (f" ± {stat.half_width:.1f}" if stat.half_width is not None else "") + unit
+
+
+def _gaps(stats: dict[str, Stat], readout: str, model: str) -> list[float]:
+    """Per run, readout minus the model's own accuracy (the same run's two values)."""
+    own, read = stats[model].values, stats[readout].values
+    return [read[name] - own[name] for name in own if name in read]
+
+
+def _points(values: list[float]) -> str:
+    mean, half, _ = mean_ci(values)
+    return f"{mean:+.1f}" + (f" ± {half:.1f}" if half is not None else "") + " pp"
+
+
+def skew_verdict(groups: list[Group]) -> list[str]:
+    """At most five lines for someone new: the most skewed group's model accuracy and its
+    readouts (probe, realigned head) each beside its IID control, one-class models said to
+    be so, and what the numbers support: a claim only where the intervals over seeds do
+    not overlap zero; one seed is said to be one. Empty without a skewed group and its
+    control."""
+    pairs = skew_pairs(groups)
+    if not pairs:
+        return []
+    skewed, control = pairs[0]
+    metrics, (model, *readouts) = declared(), _skew_keys()
+    n = min(s.n for g in (skewed, control) for k in (model, *readouts) if (s := g.stats[k]))
+    seeds = ("one seed, so no interval (--seeds 0,1,2 gives intervals)" if n <= 1
+             else f"{n} seeds each, mean ± 95% interval")
+    more = f"; {len(pairs) - 1} more on the page" if len(pairs) > 1 else ""
+    lines = [f"Label skew ({_skew_level(skewed.config)[1]}) against its IID control, {seeds}{more}:"]
+    width = max(len(metrics[k].doc or metrics[k].label) for k in (model, *readouts))
+    for key in (model, *readouts):
+        metric, s, c = metrics[key], skewed.stats[key], control.stats[key]
+        unit = "%" if metric.unit == "%" else f" {metric.unit}"
+        line = f"  {metric.doc or metric.label:<{width}}  {_level(s, unit)} skewed | {_level(c, unit)} IID"
+        for who, stat in (("skewed", s), ("IID", c)):
+            if stat.flag_text:
+                line += f" ⚑ {who}: {stat.flag_text}"
+            if "one class" in stat.flags:
+                line += f" (it predicts one class for over {DEGENERATE_FRACTION:.0%} of the test images)"
+        lines.append(line)
+    lines.append(_reading(skewed, control, model, readouts, n))
+    return lines
+
+
+def _reading(skewed: Group, control: Group, model: str, readouts: list[str], n: int) -> str:
+    """The one sentence the numbers support: how far each readout of the same features
+    lies above the model's own accuracy, skewed beside IID; the first readout (the probe)
+    decides the claim, made only where the two groups' intervals are apart."""
+    metrics = declared()
+    gaps = [(_gaps(skewed.stats, r, model), _gaps(control.stats, r, model)) for r in readouts]
+    if not readouts or not all(s and c for s, c in gaps):
+        return "  No reading: a value is undefined (see the page)."
+    numbers = "; ".join(f"{metrics[r].label} − {metrics[model].label} {_points(s)} skewed vs {_points(c)} IID"
+                        for r, (s, c) in zip(readouts, gaps))
+    diff, half = difference_ci(*gaps[0])
+    if n <= 1:
+        wider = "widened" if diff > 0 else "narrowed"
+        return (f"  → {numbers}. In this one seed skew {wider} the gap between what the features carry and what "
+                f"the head reads by {abs(diff):.1f} pp; one seed is not evidence: rerun with --seeds 0,1,2.")
+    if half is not None and diff - half > 0:
+        return f"  → the features kept what the head stopped reading: {numbers} (intervals apart)."
+    return f"  → no evidence at n={n} that skew cost the head more than the features: {numbers}."
 
 
 # --- plots ------------------------------------------------------------------------------
@@ -890,15 +986,22 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
                    unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
-                   images: list[tuple[Path, str]], paths: list[Path],
-                   not_imported: list[str]) -> tuple[str, list[Section]]:
+                   images: list[tuple[Path, str]], paths: list[Path], not_imported: list[str],
+                   verdict_lines: list[str]) -> tuple[str, list[Section]]:
     """The report's title and sections, shared by the HTML page and the Markdown file: the
-    claim's figure first, then the protocol it was measured at, the groups, the tables."""
+    claim's figure and the verdict first, then the protocol it was measured at, the groups,
+    the runs that did not complete (first where none did: a failed or interrupted run's
+    page says so at its top), the tables."""
     axes = list(dict.fromkeys(a for g in groups for a in g.axes))
     runs = [r for g in groups for r in g.runs]
     done = sum(r.status == "completed" for r in runs)
-    title = "fedmech report" + (f": sweep {manifest.get('name')}, preset {manifest.get('preset') or 'none'}"
-                                if manifest else "")
+    if manifest:
+        title = f"fedmech report: sweep {manifest.get('name')}, preset {manifest.get('preset') or 'none'}"
+        title += f" ({len(runs) - done} of {len(runs)} runs not completed)" if done < len(runs) else ""
+    elif len(runs) == 1:
+        title = f"fedmech run {runs[0].name}: {runs[0].status}"
+    else:
+        title = "fedmech report"
     varying = differing_keys([g.config for g in groups])
     intro = [f"{len(groups)} groups, {len(runs)} runs, {done} completed. Each number is the mean ± 95% confidence "
              "interval (Student t over seeds) of the runs' values at their final round; n is the number of runs "
@@ -910,17 +1013,19 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
              "chance); it never satisfies a published bound."]
     left_out = [f"{r.name} (group {g.label}, seed {r.seed}): {r.status}" + (f": {r.error}" if r.error else "")
                 for g in groups for r in g.runs if r.status != "completed"]
-    sections = []
+    not_in = Section("Runs not in the statistics", [left_out])
+    sections = [not_in] if left_out and not done else []  # a failed or interrupted run's page says so first
     if not_imported:
         sections.append(Section("Plug-ins that could not be imported", [
             "These runs list plug-ins under `plugins:` that this Python environment cannot import, so the metrics "
             "those plug-ins declare are left out below: install them, or pass `--plugin MODULE`.", not_imported]))
-    if headline:
-        sections.append(Section("Preserved or misaligned: the headline", [Image(p, c) for p, c in headline]))
+    if headline or verdict_lines:
+        sections.append(Section("Preserved or misaligned: the headline",
+                                [*(Image(p, c) for p, c in headline), *verdict_lines[:1], *([verdict_lines[1:]] if verdict_lines else [])]))
     sections.append(_protocol_section(groups, paper, comparisons))
     sections.append(Section("Groups", [*intro, _groups_table(groups, axes)]))
-    if left_out:
-        sections.append(Section("Runs not in the statistics", [left_out]))
+    if left_out and done:
+        sections.append(not_in)
     sections += _metric_tables(groups)
     if paper:
         sections.append(_paper_section(comparisons, unmatched, paper))
@@ -1075,11 +1180,13 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     plots = out_dir / PLOTS_DIR
     headline = plot_headline(groups, comparisons, plots, paper)
     images = plot_curves(groups, plots) + plot_per_class(groups, plots)
+    verdict_lines = skew_verdict(groups)
     title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths,
-                                     not_imported)
+                                     not_imported, [line.strip() for line in verdict_lines])
     write_text_atomic(out_dir / MARKDOWN_FILE, to_markdown(title, sections, out_dir))
     write_text_atomic(out_dir / SUMMARY_FILE, json.dumps(
-        summary(manifest, groups, comparisons, unmatched, paper, confidence), indent=1, allow_nan=False) + "\n")
+        summary(manifest, groups, comparisons, unmatched, paper, confidence) | {"verdict": verdict_lines},
+        indent=1, allow_nan=False) + "\n")
     index = write_text_atomic(out_dir / INDEX_FILE, to_html(title, sections))
     log.info("report of %d runs in %d groups written to %s", len(runs), len(groups), out_dir)
     return index

@@ -1,0 +1,83 @@
+"""``make demo``'s job, pinned: experiments/demo.yaml at its ``tiny`` preset (real
+Fashion-MNIST, real ``fedmech sweep``) produces every record the verdict reads, prints the
+verdict and names the sweep's page last; the page opens offline in headless Chromium with
+the headline figure and the verdict first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from fedmech_flwr.data import DEBIAN_FASHION_MNIST
+from fedmech_flwr.run_folder import read_records
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist absent")]
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("demo")
+    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "sweep", "experiments/demo.yaml",
+                           "--preset", "tiny", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    return out / "demo-tiny", done
+
+
+def test_the_demo_records_what_its_verdict_reads(demo):
+    folder, done = demo
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    for cell in ("a0.05_s0", "iid_s0"):
+        records = read_records(folder / "runs" / cell, "diagnostic")
+        [misalignment] = [r for r in records if r["name"] == "misalignment"]
+        for head in ("global", "probe", "realigned"):
+            assert 0.0 <= misalignment[head]["accuracy"] <= 1.0
+            assert 0.0 < misalignment[head]["max_predicted_fraction"] <= 1.0  # the one-class flag's input
+        [circuits] = [r for r in records if r["name"] == "circuits"]
+        assert "local_to_global" in circuits["mean"]
+
+
+def test_the_demo_ends_with_its_verdict_and_names_its_page_last(demo):
+    folder, done = demo
+    lines = done.stdout.splitlines()
+    page = folder / "report" / "index.html"
+    assert lines[-1] == f"page: {page}"
+    verdict = json.loads((folder / "report" / "summary.json").read_text())["verdict"]
+    assert len(verdict) == 5 and lines[-6:-1] == verdict  # at most six lines, the page's path included
+    assert verdict[0].startswith("Label skew (α=0.05) against its IID control, one seed, so no interval")
+    assert [line.split()[:2] for line in verdict[1:4]] == [["global", "model"], ["linear", "probe"], ["its", "head"]]
+    assert all(" skewed | " in line and line.split(" IID")[0] for line in verdict[1:4])
+    assert "one seed is not evidence" in verdict[4]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")
+def test_the_demo_page_opens_offline_with_the_headline_and_the_verdict_first(demo, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    folder, _ = demo
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.on("request", lambda req: errors.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
+            page.goto((folder / "report" / "index.html").as_uri())
+            page.wait_for_load_state("load")
+            first = page.eval_on_selector("h2", "h => h.textContent")
+            image = page.eval_on_selector("h2 + figure img", "i => i.complete ? i.naturalWidth : 0")
+            verdict = page.eval_on_selector("h2 ~ ul", "u => u.textContent")
+            page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)  # kept in tmp_path: look at it
+        finally:
+            browser.close()
+    assert errors == []  # nothing but the file itself and its inline images: no CDN, no network
+    assert first == "Preserved or misaligned: the headline" and image > 0
+    assert "linear probe on its frozen features" in verdict
