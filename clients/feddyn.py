@@ -10,6 +10,14 @@ model theta^{t-1} it minimises
 loss starts at the cross-entropy), then sets h_k <- h_k - alpha (theta_k^t - theta^{t-1}).
 alpha comes from the ``feddyn`` strategy in the train config (``feddyn-alpha``). Float
 parameters only; buffers are trained and returned as usual.
+
+Checked line by line against the authors' code (github.com/alpemreacar/FedDyn,
+``train_feddyn_mdl`` and ``train_FedDyn``): the same gradient (theirs writes the quadratic
+as weight decay alpha and the linear term as alpha <theta, -theta^{t-1} + sum of the
+client's past moves>), the same h_k and server updates. Theirs also clips every gradient at
+norm 10 (in every method of that code, FedAvg's too) and scales alpha per client by its
+share of the data (alpha / (n_k / mean n)); neither is in the paper's Algorithm 1, nor here.
+Their local steps are plain SGD, which the strategy requires (``strategies.feddyn.plain_sgd``).
 """
 
 from __future__ import annotations

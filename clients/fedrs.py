@@ -13,7 +13,10 @@ returned model is used as it is. The paper's logits have no bias; the model's bi
 added unscaled. Which classes a client holds is read from its whole shard. The authors'
 code (FedRepo) also has a graded variant, alpha_c = alpha + (1 - alpha) n_c / max_k n_k;
 this is the paper's rule. alpha defaults to 0.5 (the authors' code sweeps 0.9, 0.5, 0.1).
-Works with any strategy; strategy ``fedrs`` is FedAvg under the method's name.
+A client that holds every class (or alpha = 1) has every scale 1 and trains as the plain
+client does, on the model's own logits (its ``F.linear``), so that an IID federation ends
+bitwise as FedAvg's. Works with any strategy; strategy ``fedrs`` is FedAvg under the
+method's name.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class FedRSClient(FedMechClient):
         self.scale = torch.where(held, 1.0, params.alpha).to(self.data.x.device)
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if bool((self.scale == 1).all()):  # nothing restricted: the plain client's path, bit for bit
+            return super().objective(x, y)
         features = self.model.forward_features(x)
         head = self.model.get_classifier()
         restricted = restricted_logits(features, head.weight, head.bias, self.scale)

@@ -16,9 +16,12 @@ Differences from the paper:
   body and the classifier and contrasts its outputs; fedmech models have no such head.
 - The previous local model is the client's state (``FedMechClient.state``: the weights its
   ``fit`` returned last time it trained). In the client's first round it has none and the
-  contrastive term is left out. The authors' code does the same in effect: its pool of
-  previous models is empty in round 1, so the contrastive logits have a single column
+  contrastive term is left out, which the client reports (``moon-contrasted``: 1 when the
+  term was applied, 0 when it was left out). The authors' code does the same in round 1:
+  its pool of previous models is empty, so the contrastive logits have a single column
   (the positive pair) and the term is a cross-entropy over one class, 0 with no gradient.
+  A client sampled for the first time later (``federation.clients_per_round``) contrasts
+  there with its own never-trained initial model; here it leaves the term out, and says so.
 
 mu defaults to 1 and tau to 0.5, the defaults of the authors' code; the paper tunes mu in
 {0.1, 1, 5, 10} and reports mu = 5 on CIFAR-10 and 1 on CIFAR-100 and Tiny-ImageNet.
@@ -65,8 +68,9 @@ def _frozen(model: FedMechModel) -> FedMechModel:
 @CLIENTS.register("moon", MoonConfig)
 class MoonClient(FedMechClient):
     """Cross-entropy plus mu * l_con; keeps the weights it returns as its state (the next
-    round's previous model). Reports ``moon-contrastive-loss``: l_con averaged over the
-    round's samples, 0 in its first round (no previous model, no term)."""
+    round's previous model). Reports ``moon-contrastive-loss``, l_con averaged over the
+    round's samples, and ``moon-contrasted``, whether it had a previous model and applied
+    the term (1) or not (0: its first round; the loss is then 0)."""
 
     params: MoonConfig
 
@@ -98,5 +102,6 @@ class MoonClient(FedMechClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         weights, num_examples, metrics = super().fit(parameters, config)
         metrics["moon-contrastive-loss"] = float(self._contrastive_sum / self._seen) if self._seen else 0.0
+        metrics["moon-contrasted"] = float(self.previous is not None)
         self.state = {k: np.array(w, copy=True) for k, w in zip(self.model.state_dict(), weights)}
         return weights, num_examples, metrics

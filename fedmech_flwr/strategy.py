@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -65,9 +65,35 @@ class StrategyContext:
     num_clients: int
     """Clients in the federation (``federation.num_clients``), sampled or not: the N of
     SCAFFOLD's and FedDyn's server updates."""
+    pruned: bool = False
+    """The clients prune (``pruning.mode: magnitude``): a weight at exactly 0 in every reply
+    is pruned, and a server step keeps it at 0."""
 
 
 STRATEGIES: Registry[Callable[[Any, StrategyContext], Strategy]] = Registry("strategy")
+
+
+SENT_ACCURACY, SENT_LOSS = "sent-model-accuracy", "sent-model-loss"
+"""The strategy metrics that hold the sent model's test accuracy and loss where a strategy
+reports another model (``ReportsAnotherModel``)."""
+
+
+@runtime_checkable
+class ReportsAnotherModel(Protocol):
+    """A strategy whose accuracy, as its paper reports it, describes another model than the
+    one it sends the clients (FedDyn: the plain mean of the client models, while the
+    corrected model goes to the clients). Every other strategy's accuracy describes the
+    model it sends.
+
+    The run evaluates and diagnoses ``reported(sent)``, the model of the round whose
+    aggregate is ``sent``, and saves it as the final model; checkpoints and resume points
+    keep the sent model. Where the two differ, the round's strategy metrics also hold the
+    sent model's test accuracy and loss (``SENT_ACCURACY``, ``SENT_LOSS``)."""
+
+    reports: str
+    """The model the accuracy describes, in words (the run logs it)."""
+
+    def reported(self, sent: NamedArrays) -> NamedArrays: ...
 
 
 @dataclass

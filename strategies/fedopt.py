@@ -35,7 +35,15 @@ What the wrapper adds, and nothing more:
   (FedAdam's bias-corrected eta is a NumPy float64, which promotes float32 weights) and
   turns integer buffers into floats; each array is cast back, integers rounded;
 - ``fedopt-update-norm``, the L2 norm of the server's step x_{t+1} - x_t (floating-point
-  arrays), in the round's strategy record.
+  arrays), in the round's strategy record;
+- coordinates the server never steps (``ServerOptimiser.average``): buffers (BatchNorm's
+  running statistics and counter) take the mean, and, when the clients prune
+  (``pruning.mode: magnitude``), a parameter's coordinate whose mean is exactly 0 (every
+  client pruned it) stays exactly 0, as under FedAvg. Flower steps every coordinate: a
+  weight every client returned at 0 ended near 0.27 after 3 rounds. On a held coordinate
+  x_t is set to the mean and the optimiser's state (m_t and v_t; the momentum vector) to 0
+  before Flower's step, which then leaves the mean there and its state at 0: the states
+  never accumulate what pruning or a buffer's average moved.
 
 Flower's ``eta_l`` (the clients' learning rate in the paper) is kept as Flower's argument:
 Flower only logs it; the clients train with ``train.lr``.
@@ -43,11 +51,11 @@ Flower only logs it; the clients train with ``train.lr``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 from fedmech_flwr.arrays import NamedArrays, cast, from_record, l2_norm, to_record
@@ -55,6 +63,7 @@ from fedmech_flwr.outputs import Metric, Outputs
 from fedmech_flwr.run_folder import record_key
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from strategies.scaffold import parameter_names
 
 UPDATE_NORM = "fedopt-update-norm"
 
@@ -123,13 +132,31 @@ class ServerOptimiser:
     WeightedFedAvg)``), so Flower's ``super().aggregate_train`` is fedmech's mean.
 
     ``model`` holds the model's arrays in ``state_dict`` order (their names, order and dtypes
-    are what the aggregate is returned in).
+    are what the aggregate is returned in); ``buffers`` names its buffers; ``pruned``: the
+    clients prune, so a parameter's zeros in the mean are pruned coordinates.
     """
 
-    def __init__(self, model: NamedArrays, weighting: str = "examples", **kwargs) -> None:
+    def __init__(self, model: NamedArrays, buffers: Collection[str] = (), pruned: bool = False,
+                 weighting: str = "examples", **kwargs) -> None:
         super().__init__(**kwargs)
         self.weighting = weighting
         self.dtypes = {k: v.dtype for k, v in model.items()}
+        self.buffers = set(buffers)
+        self.pruned = pruned
+
+    def average(self, server_round: int, contents: list[RecordDict], models: list[NamedArrays],
+                weights: list[float]) -> tuple[NamedArrays, dict[str, int | float]]:
+        """The mean, with the coordinates the step must leave at it held (before Flower's
+        step, which runs after this returns): each buffer, and the mean's zeros in a
+        parameter when the clients prune. The state's class (``FedOptState``,
+        ``ResumableFedAvgM``) holds them: ``hold(held, mean)`` with bool masks by name
+        makes x_t there the mean and the optimiser's state 0."""
+        mean, own = super().average(server_round, contents, models, weights)
+        held = {k: np.ones(v.shape, bool) if k in self.buffers else v == 0 for k, v in mean.items()
+                if k in self.buffers or (self.pruned and np.issubdtype(v.dtype, np.floating))}
+        if held := {k: m for k, m in held.items() if m.any()}:
+            self.hold(held, mean)
+        return mean, own
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
@@ -147,6 +174,13 @@ class FedOptState:
     the first aggregation; Flower holds a 0-d array's moments as NumPy scalars).
     ``current_arrays`` is not kept: ``configure_train`` sets it from the model sent each
     round."""
+
+    def hold(self, held: dict[str, np.ndarray], mean: NamedArrays) -> None:
+        for name, mask in held.items():
+            self.current_arrays[name] = np.where(mask, mean[name], self.current_arrays[name])
+            for moments in (self.m_t, self.v_t):
+                if moments:  # None before the first step: Flower starts them at 0
+                    moments[name] = np.where(mask, 0.0, moments[name])
 
     def state_arrays(self) -> NamedArrays:
         return {f"{name}/{k}": np.asarray(v) for name in ("m_t", "v_t") for k, v in (getattr(self, name) or {}).items()}
@@ -173,6 +207,17 @@ class ResumableFedAvgM(ServerOptimiser, FedAvgM, WeightedFedAvg):
     aggregate's array order; None until the first step with momentum) and its last
     aggregate ``current_arrays`` (the x_t of its next step; set from the first model sent)."""
 
+    def hold(self, held: dict[str, np.ndarray], mean: NamedArrays) -> None:
+        if self.current_arrays is None:
+            return  # Flower raises: configure_train was not called
+        current = from_record(self.current_arrays)
+        for i, name in enumerate(current):
+            if name in held:
+                current[name] = np.where(held[name], mean[name], current[name])
+                if self.momentum_vector is not None:
+                    self.momentum_vector[i] = np.where(held[name], 0.0, self.momentum_vector[i])
+        self.current_arrays = to_record(current)
+
     def state_arrays(self) -> NamedArrays:
         if self.current_arrays is None:
             return {}
@@ -190,9 +235,12 @@ class ResumableFedAvgM(ServerOptimiser, FedAvgM, WeightedFedAvg):
 
 
 def _flower_kwargs(params: FedAvgConfig, ctx: StrategyContext) -> dict:
-    """The factory's arguments: the model, the weighting, Flower's own and OFFERED_NODES_ONLY."""
+    """The factory's arguments: the model and its buffers, whether the clients prune, the
+    weighting, Flower's own and OFFERED_NODES_ONLY."""
     own = {k: v for k, v in vars(params).items() if k != "weighting"}
-    return {"model": ctx.initial, "weighting": params.weighting, **own, **OFFERED_NODES_ONLY}
+    buffers = set(ctx.initial) - set(parameter_names(ctx))
+    return {"model": ctx.initial, "buffers": buffers, "pruned": ctx.pruned, "weighting": params.weighting, **own,
+            **OFFERED_NODES_ONLY}
 
 
 @STRATEGIES.register("fedadam", FedAdamConfig, outputs=OUTPUTS)

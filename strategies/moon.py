@@ -4,7 +4,8 @@ MOON changes local training only (client ``moon``: cross-entropy plus the model-
 term, see ``clients/moon.py``); its server averages as FedAvg does. This is FedAvg
 registered under the method's name, so that ``strategy: moon`` names the method, refuses
 a client that would silently train plain FedAvg, and records the clients' mean
-contrastive loss.
+contrastive loss and the share of them that applied it (a client without a previous
+model, in its first round, leaves the term out).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from strategies.fedavg import FedAvgConfig, fedavg
 OUTPUTS = Outputs("MOON (strategy)", {
     "moon_contrastive_loss": Metric("MOON contrastive loss l_con (clients' mean)", ("moon_contrastive_loss",),
                                     "loss", 3),
-}, curves=("moon_contrastive_loss",))
+    "moon_contrasted": Metric("share of clients (by examples) that had a previous model and applied l_con",
+                              ("moon_contrasted",), "%"),
+}, curves=("moon_contrastive_loss", "moon_contrasted"))
 
 STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)(fedavg)

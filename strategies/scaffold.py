@@ -19,7 +19,9 @@ w_i follows ``weighting`` as in fedavg: ``examples`` (n_i / sum_S n_j, the defau
 eta_g = 1 gives fedavg's aggregate) or ``uniform`` (1 / |S|, the paper's). Buffers take the
 plain weighted mean. c is always the uniform update of the paper: it stays the mean of all
 N clients' c_i. Option II assumes plain local SGD, so the strategy refuses any other
-``train.optimizer``. Its metric is ``scaffold-control-norm``, the L2 norm of c.
+``train.optimizer``. It also refuses magnitude pruning: x - y_i would count the weights the
+pruner zeroed as gradient steps, and the paper defines no control variate on a changing
+support. Its metric is ``scaffold-control-norm``, the L2 norm of c.
 """
 
 from __future__ import annotations
@@ -51,12 +53,36 @@ class ScaffoldConfig(FedAvgConfig):
     """eta_g, the server's step along the clients' mean update; 1 (the paper's) takes the mean."""
 
 
-def sgd_only(method: str, why: str) -> Callable[[object, ExperimentConfig, DataInfo, str], None]:
+Check = Callable[[object, ExperimentConfig, DataInfo, str], None]
+"""A registration's ``check(params, cfg, data, where)``."""
+
+
+def sgd_only(method: str, why: str) -> Check:
     """A ``check`` refusing any local optimizer but SGD: ``method`` ``why`` (the reason)."""
     def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
         if cfg.train.optimizer != "sgd":
             raise ConfigError(f"{method} {why}, but train.optimizer is {cfg.train.optimizer}; set train.optimizer=sgd",
                               where)
+    return check
+
+
+def dense_only(method: str, state: str) -> Check:
+    """A ``check`` refusing magnitude pruning: ``method`` updates its ``state`` from the
+    clients' moves, which would count the weights the pruner zeroed as training steps."""
+    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+        if cfg.pruning.mode != "dense":
+            raise ConfigError(f"{method} updates {state} from the clients' moves (trained minus sent weights), which "
+                              f"with pruning.mode={cfg.pruning.mode} count the weights the pruner set to 0 as steps of "
+                              "local training (the paper defines no such state on a pruned support); "
+                              "set pruning.mode=dense", where)
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    """One ``check`` that runs ``checks`` in turn."""
+    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+        for one in checks:
+            one(params, cfg, data, where)
     return check
 
 
@@ -119,7 +145,8 @@ OUTPUTS = Outputs("SCAFFOLD (strategy)", {
 
 
 @STRATEGIES.register("scaffold", ScaffoldConfig, pairs_with=("scaffold",), outputs=OUTPUTS,
-                     check=sgd_only("scaffold", "estimates the control variates from local SGD steps (option II)"))
+                     check=all_of(sgd_only("scaffold", "estimates the control variates from local SGD steps (option II)"),
+                                  dense_only("scaffold", "the control variates c_i and c")))
 def scaffold(params: ScaffoldConfig, ctx: StrategyContext) -> Scaffold:
     zeros = {name: np.zeros_like(ctx.initial[name]) for name in parameter_names(ctx)}
     return Scaffold(zeros, ctx.num_clients, params.server_lr, weighting=params.weighting, **OFFERED_NODES_ONLY)

@@ -19,7 +19,7 @@ from clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
 from clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import train_replies
-from fedmech_flwr.arrays import from_record, pack, to_record
+from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, pack, to_record
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
@@ -228,8 +228,17 @@ def test_feddyn_server_updates_h_and_corrects_the_mean():
     got = from_record(arrays)
     np.testing.assert_allclose(got["w"], [0.0, 5.5], atol=1e-6)
     np.testing.assert_allclose(got["bn.running_mean"], [2.0])
-    np.testing.assert_allclose(strategy.state_arrays()["w"], [0.1, -0.25], rtol=1e-6)
+    np.testing.assert_allclose(strategy.state_arrays()["h/w"], [0.1, -0.25], rtol=1e-6)
     assert metrics["feddyn-h-norm"] == pytest.approx(math.sqrt(0.1**2 + 0.25**2), rel=1e-6)
+    # what the authors report, and the run evaluates: the plain mean, not theta
+    reported = strategy.reported(got)
+    np.testing.assert_allclose(reported["w"], [1.0, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(reported["bn.running_mean"], [2.0])
+    resumed = FedDyn({"w": np.zeros(2, np.float32)}, alpha=0.1, num_clients=N, **OFFERED_NODES_ONLY)
+    assert resumed.reported(X) is X  # before any aggregation: the model sent
+    resumed.load_state_arrays(strategy.state_arrays())
+    np.testing.assert_array_equal(resumed.reported(got)["w"], reported["w"])
+    np.testing.assert_array_equal(resumed.h["w"], strategy.h["w"])
 
 
 @pytest.mark.usefixtures("flower_identity")
@@ -258,9 +267,82 @@ def test_sgd_only_methods_refuse_another_optimizer_at_load(method):
 
 # --- runs ---------------------------------------------------------------------------------
 
+DENSE_SGD = ["pruning.mode=dense", "train.optimizer=sgd", "train.lr=0.05", "train.momentum=0"]
+
+
+@pytest.mark.parametrize(("method", "server_state"), [("scaffold", "strategy/"), ("feddyn", "strategy/h/")])
+def test_a_dropped_reply_leaves_no_state_on_its_node(tmp_path, method, server_state):
+    """Client 1's round-1 reply has NaN weights and is dropped (policy continue), but its
+    node kept the c_1 (h_1) its training computed. Its round-2 message carries the state
+    the server accepted (none: zeros), so after round 2, where every reply is accepted,
+    the server's state is still the mean of the clients' accepted states: c = (1/N) sum c_i,
+    h = (1/m) sum h_k. Had the node kept its moved state, round 2's update of client 1
+    would start from it and the server's c (h) would miss that move."""
+    from faults import Fault, faulty_app
+    from fedmech_flwr.app.inprocess import run_in_process
+    from fedmech_flwr.run_folder import STATE_FILE, read_records
+
+    cfg = smoke_config([*DENSE_SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}",
+                        "federation.on_client_failure=continue"])
+    run = run_in_process(cfg, tmp_path, faulty_app(Fault("nan", 1, 1)))
+    assert [r["clients_succeeded"] for r in read_records(run, "eval")] == [[], [0, 2], [0, 1, 2]]
+    state = load_arrays(run / STATE_FILE)
+    names = [k.removeprefix(server_state) for k in state if k.startswith(server_state)]
+    assert names and all(f"clients/{pid}/{name}" in state for pid in range(3) for name in names)
+    for name in names:
+        mean = sum(state[f"clients/{pid}/{name}"].astype(np.float64) for pid in range(3)) / 3
+        np.testing.assert_allclose(state[server_state + name], mean, rtol=1e-4, atol=1e-7, err_msg=name)
+
+def test_feddyn_run_evaluates_the_plain_mean_and_records_the_sent_model(tmp_path):
+    """The eval records and the final model are the clients' plain mean (the authors'
+    avg_model); theta = mean - h / alpha, which the clients get, is the resume point's model
+    and its accuracy the strategy metric sent_model_accuracy."""
+    from fedmech_flwr.app.inprocess import run_in_process
+    from fedmech_flwr.experiment import load_data, new_model
+    from fedmech_flwr.run_folder import STATE_FILE, read_records
+    from fedmech_flwr.training import evaluate
+
+    cfg = smoke_config([*DENSE_SGD, "strategy={name: feddyn, alpha: 0.1}", "client={name: feddyn}"])
+    run = run_in_process(cfg, tmp_path)
+    final, state = load_arrays(run / "model_final.safetensors"), load_arrays(run / STATE_FILE)
+    bundle = load_data(cfg)
+    model = new_model(cfg, bundle, torch.device("cpu"))
+
+    def tested(arrays):
+        load_model_arrays(model, {k: arrays[k] for k in model.state_dict()})
+        return evaluate(model.eval(), bundle.x_test, bundle.y_test, bundle.num_classes, cfg.eval_batch_size)
+
+    for name in final:
+        np.testing.assert_array_equal(final[name], state[f"strategy/mean/{name}"])
+    assert not np.array_equal(final["conv1.weight"], state["model/conv1.weight"])  # theta differs from the mean
+    last_eval = read_records(run, "eval")[-1]
+    assert last_eval["accuracy"] == tested(final).accuracy
+    sent = [r for r in read_records(run, "strategy") if "sent_model_accuracy" in r]
+    assert [r["round"] for r in sent] == [1, 2]
+    assert sent[-1]["sent_model_accuracy"] == tested({k.removeprefix("model/"): v for k, v in state.items()
+                                                       if k.startswith("model/")}).accuracy
+
+
+def test_scaffold_and_feddyn_refuse_pruning_with_the_reason():
+    for method in ("scaffold", "feddyn"):
+        with pytest.raises(ConfigError, match=rf"{method} updates .* pruning.mode=magnitude count the weights the "
+                                              r"pruner set to 0 .*; set pruning.mode=dense"):
+            smoke_config([*DENSE_SGD[1:], f"strategy={{name: {method}}}", f"client={{name: {method}}}"])
+        smoke_config([*DENSE_SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}"])
+
+
+@pytest.mark.parametrize("optimizer", ["train.momentum=0.9", "train.optimizer=adam"])
+def test_feddyn_refuses_all_but_plain_sgd_with_the_reason(optimizer):
+    """The leaderboard's SGD with momentum 0.9 diverged (every client non-finite at round 9
+    of 15); the paper and its authors' code take plain SGD steps."""
+    with pytest.raises(ConfigError, match=r"feddyn takes plain SGD steps.*non-finite weights by round 9.*; "
+                                          r"set train.optimizer=sgd and train.momentum=0"):
+        smoke_config([*DENSE_SGD, optimizer, "strategy={name: feddyn}", "client={name: feddyn}"])
+
+
 def test_scaffold_state_survives_a_resume(tmp_path):
     """The issue's test: killed after round 2, resumed, it ends bitwise as the uninterrupted run."""
-    scaffold = ["train.optimizer=sgd", "train.lr=0.05", "train.momentum=0", "federation.num_rounds=3", "federation.checkpoint_every=2",
+    scaffold = [*DENSE_SGD, "federation.num_rounds=3", "federation.checkpoint_every=2",
                 "strategy={name: scaffold}", "client={name: scaffold}"]
     state = killed_then_resumed(scaffold, tmp_path, 1, 3)
     assert state["round"] == 2 and np.any(state["strategy/conv1.weight"] != 0)

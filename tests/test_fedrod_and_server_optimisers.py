@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
@@ -25,6 +26,7 @@ from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
 from fedmech_flwr.strategy import STRATEGIES
 from fedmech_flwr.training import TrainConfig
+from strategies.fedavg import WeightedFedAvg
 from strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
 
 # --- FedRoD's client ----------------------------------------------------------------------
@@ -77,6 +79,21 @@ def test_the_personal_head_steps_on_its_own_loss_and_never_moves_the_body():
     torch.testing.assert_close(logits, client.model(x))  # the generic logits, not the personalised ones
 
 
+def test_the_personal_head_learns_a_residual_on_the_generic_logits():
+    """L_P = CE(g + phi(f), y): from phi = 0, one SGD step of lr 1 moves phi's weight by
+    -(softmax(g) - onehot(y))^T f / N and its bias by -mean(softmax(g) - onehot(y)). A
+    P-head trained on its own logits, CE(phi(f), y), would use softmax(0) = 1/K instead."""
+    client = fedrod_client()
+    client.personal_optimizer = torch.optim.SGD(client.personal.parameters(), lr=1.0)
+    x, y = client.data.x[:8], client.data.y[:8]
+    with torch.no_grad():
+        features = client.model.forward_features(x)
+        residual = F.softmax(client.model.forward_head(features), dim=1) - F.one_hot(y, 4)
+    client.objective(x, y)
+    torch.testing.assert_close(client.personal.weight.detach(), -residual.T @ features / 8, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(client.personal.bias.detach(), -residual.mean(0), rtol=1e-5, atol=1e-7)
+
+
 def test_the_personal_head_survives_rounds_in_the_state_and_never_leaves_in_the_weights():
     first = fedrod_client()
     assert first.personal.weight.abs().sum().item() == 0 and first.personal.bias.abs().sum().item() == 0
@@ -119,9 +136,19 @@ EXAMPLES = [1, 3]
 """The mean by examples: w (0.5, 3.5), so Delta = (-0.5, 1.5); n (7 + 30) / 4 = 9.25 -> 9."""
 
 
-def _ctx() -> SimpleNamespace:
-    """The one field of the StrategyContext the wrappers read: the model (``initial``)."""
-    return SimpleNamespace(initial=MODEL)
+class WeightAndCounter(nn.Module):
+    """MODEL's module: ``w`` a parameter, ``n`` a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+        self.register_buffer("n", torch.zeros((), dtype=torch.int64))
+
+
+def _ctx(initial: NamedArrays = MODEL, pruned: bool = False) -> SimpleNamespace:
+    """The fields of the StrategyContext the wrappers read: the model (``initial``), a
+    builder (which names its parameters) and whether the clients prune."""
+    return SimpleNamespace(initial=initial, build_model=lambda arrays: WeightAndCounter(), pruned=pruned)
 
 
 def send(strategy, arrays: NamedArrays, server_round: int = 1) -> None:
@@ -149,8 +176,8 @@ def test_fedadam_step_is_reddi_et_al_algorithm_2_with_flowers_bias_correction():
     np.testing.assert_allclose(got["w"], w, rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["w"], [0.927210, 2.073754], rtol=0, atol=1e-6)
     assert list(got) == ["w", "n"] and got["w"].dtype == np.float32  # Flower returns float64, in its order
-    # n: Delta 4, m 0.4, sqrt(v) 0.4, 5 + eta_1 0.4 / 0.401 = 5.074 -> 5, an integer again
-    assert got["n"].dtype == np.int64 and got["n"].item() == 5
+    # n, a buffer, is averaged and never stepped: 9 (Flower's step would give 5.074 -> 5)
+    assert got["n"].dtype == np.int64 and got["n"].item() == 9
     assert metrics["fedopt-update-norm"] == pytest.approx(np.linalg.norm(w - [1.0, 2.0]), rel=1e-5)
 
 
@@ -160,22 +187,107 @@ def test_fedavgm_steps_are_hsu_et_al_server_momentum():
     got, _ = step(strategy, CLIENTS)
     # g_1 = x_1 - mean = (0.5, -1.5), v_1 = g_1, x_2 = x_1 - 0.5 v_1 = (0.75, 2.75)
     np.testing.assert_allclose(got["w"], [0.75, 2.75], rtol=0, atol=1e-6)
-    # n: g_1 = 5 - 9 = -4, x_2 = 5 + 2 = 7
-    assert got["n"].dtype == np.int64 and got["n"].item() == 7
+    # n, a buffer: the mean 9, never stepped (Flower's step: 5 + 0.5 * 4 = 7)
+    assert got["n"].dtype == np.int64 and got["n"].item() == 9
     send(strategy, got, server_round=2)
     got, metrics = step(strategy, [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(7, np.int64)}] * 2, 2)
     # g_2 = x_2 - (1, 2) = (-0.25, 0.75), v_2 = 0.9 v_1 + g_2 = (0.2, -0.6), x_3 = x_2 - 0.5 v_2 = (0.65, 3.05)
     np.testing.assert_allclose(got["w"], [0.65, 3.05], rtol=0, atol=1e-6)
     assert got["w"].dtype == np.float32 and list(got) == ["w", "n"]
-    # n: g_2 = 0, v_2 = 0.9 (-4) = -3.6, x_3 = 7 + 1.8 = 8.8 -> 9
-    assert got["n"].item() == 9
+    # n: the mean 7 (with Flower's momentum on it: 9 + 0.5 * 0.9 * 4 -> 11)
+    assert got["n"].item() == 7
     assert metrics["fedopt-update-norm"] == pytest.approx(math.hypot(0.1, 0.3), rel=1e-5)
 
 
-@pytest.mark.parametrize(("name", "params"), [
-    ("fedadam", FedAdamConfig()), ("fedyogi", FedYogiConfig()), ("fedadagrad", FedAdagradConfig()),
-    ("fedavgm", FedAvgMConfig(server_momentum=0.9)),
-])
+SAME = [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(5, np.int64)}] * 2
+"""Round 2's replies: both clients return (1, 2), so Delta_2 = (1, 2) - x_2."""
+
+
+def test_fedyogi_steps_are_reddi_et_al_algorithm_2_with_yogis_second_moment():
+    strategy = STRATEGIES.get("fedyogi").factory(FedYogiConfig(), _ctx())
+    send(strategy, MODEL)
+    got, _ = step(strategy, CLIENTS)
+    # eta 0.01 (no bias correction in Flower's FedYogi), beta_1 0.9, beta_2 0.99, tau 1e-3, from m = v = 0:
+    # Delta_1 = (-0.5, 1.5), m_1 = (-0.05, 0.15), v_1 = 0 - 0.01 Delta^2 sign(0 - Delta^2) = (0.0025, 0.0225)
+    # x_2 = (1 - 0.01 * 0.05 / 0.051, 2 + 0.01 * 0.15 / 0.151) = (0.990196, 2.009934)
+    x_2 = np.array([1 - 0.01 * 0.05 / 0.051, 2 + 0.01 * 0.15 / 0.151])
+    np.testing.assert_allclose(got["w"], x_2, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["w"], [0.990196, 2.009934], rtol=0, atol=1e-6)
+    x_2 = got["w"].astype(np.float64)  # as sent: in float32
+    send(strategy, got, 2)
+    got, _ = step(strategy, SAME, 2)
+    # Delta_2 = (1, 2) - x_2, m_2 = 0.9 m_1 + 0.1 Delta_2; Yogi: v_2 = v_1 - 0.01 Delta_2^2 sign(v_1 - Delta_2^2),
+    # v_1 > Delta_2^2 so v_2 = v_1 - 0.01 Delta_2^2 (Adam's 0.99 v_1 + 0.01 Delta_2^2 gives x_3 4e-5 away)
+    d_2 = np.array([1.0, 2.0]) - x_2
+    m_2 = 0.9 * np.array([-0.05, 0.15]) + 0.1 * d_2
+    v_2 = np.array([0.0025, 0.0225]) - 0.01 * d_2**2
+    np.testing.assert_allclose(got["w"], x_2 + 0.01 * m_2 / (np.sqrt(v_2) + 1e-3), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["w"], [0.981563, 2.018809], rtol=0, atol=1e-6)
+
+
+def test_fedadagrad_steps_are_reddi_et_al_algorithm_2_with_adagrads_sum():
+    strategy = STRATEGIES.get("fedadagrad").factory(FedAdagradConfig(), _ctx())
+    send(strategy, MODEL)
+    got, _ = step(strategy, CLIENTS)
+    # eta 0.1, tau 1e-3, beta_1 = 0 (m_t = Delta_t), v_1 = Delta_1^2 = (0.25, 2.25):
+    # x_2 = (1 - 0.1 * 0.5 / 0.501, 2 + 0.1 * 1.5 / 1.501) = (0.900200, 2.099933)
+    x_2 = np.array([1 - 0.1 * 0.5 / 0.501, 2 + 0.1 * 1.5 / 1.501])
+    np.testing.assert_allclose(got["w"], x_2, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["w"], [0.900200, 2.099933], rtol=0, atol=1e-6)
+    x_2 = got["w"].astype(np.float64)  # as sent: in float32
+    send(strategy, got, 2)
+    got, _ = step(strategy, SAME, 2)
+    # Delta_2 = (1, 2) - x_2 = (0.0998, -0.0999); v_2 = v_1 + Delta_2^2 (a sum, not a decaying mean)
+    d_2 = np.array([1.0, 2.0]) - x_2
+    v_2 = np.array([0.25, 2.25]) + d_2**2
+    np.testing.assert_allclose(got["w"], x_2 + 0.1 * d_2 / (np.sqrt(v_2) + 1e-3), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["w"], [0.919735, 2.093290], rtol=0, atol=1e-6)
+
+
+SERVER_OPTIMISERS = [("fedadam", FedAdamConfig()), ("fedyogi", FedYogiConfig()), ("fedadagrad", FedAdagradConfig()),
+                     ("fedavgm", FedAvgMConfig(server_momentum=0.9))]
+
+
+@pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
+def test_a_server_optimiser_over_pruned_clients_keeps_fedavgs_zeros(name, params):
+    """Three rounds of replies from clients that prune (a shared random support per round,
+    each client zeroing more): each aggregate is 0 exactly where FedAvg's mean of the same
+    replies is, the optimiser's state is 0 there, and the buffer is the mean, never stepped.
+    Flower's own step moved such weights to about 0.27 (FedAdam) in three rounds."""
+    rng = np.random.default_rng(0)
+    initial = {"w": rng.normal(size=(40,)).astype(np.float32), "n": np.array(5, np.int64)}
+    strategy = STRATEGIES.get(name).factory(params, _ctx(initial, pruned=True))
+    x = initial
+    for server_round in (1, 2, 3):
+        send(strategy, x, server_round)
+        support = rng.random(40) < 0.5
+        replies = [{"w": np.where(support & (rng.random(40) < 0.8), rng.normal(size=40), 0).astype(np.float32),
+                    "n": np.array(10 * server_round + i, np.int64)} for i in range(2)]
+        x, _ = step(strategy, replies, server_round)
+        fedavg = from_record(WeightedFedAvg().aggregate_train(server_round, train_replies(replies, EXAMPLES))[0])
+        assert (fedavg["w"] == 0).sum() >= 8  # the test prunes
+        np.testing.assert_array_equal(x["w"] == 0, fedavg["w"] == 0, err_msg=f"round {server_round}")
+        assert x["n"] == fedavg["n"]
+        state = strategy.state_arrays()
+        for key in ("m_t/w", "v_t/w", "momentum_vector/w"):
+            if key in state:
+                assert not state[key][fedavg["w"] == 0].any(), key
+
+
+@pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
+def test_a_server_optimiser_over_dense_clients_steps_every_weight(name, params):
+    """Without pruning, a weight whose mean is 0 two rounds running is stepped as Flower
+    steps it (the rule holds the zeros of pruned clients only)."""
+    strategy = STRATEGIES.get(name).factory(params, _ctx())
+    got = MODEL
+    for server_round in (1, 2):
+        send(strategy, got, server_round)
+        got, _ = step(strategy, [{"w": np.array([0.0, 2.0], np.float32), "n": np.array(5, np.int64)}] * 2,
+                      server_round)
+    assert got["w"][0] != 0
+
+
+@pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
 def test_a_strategy_rebuilt_from_its_state_takes_the_same_next_step(name, params):
     factory = STRATEGIES.get(name).factory
     again = [{"w": np.array([3.0, -1.0], np.float32), "n": np.array(2, np.int64)}, CLIENTS[0]]

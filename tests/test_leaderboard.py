@@ -20,7 +20,7 @@ from fedmech_flwr.tools.sweep import load_sweep
 
 LEADERBOARD = REPO / "experiments" / "paper" / "leaderboard.yaml"
 METHODS: dict[str, dict] = read_yaml(LEADERBOARD)["zip"][0]
-"""Method label -> its strategy and client."""
+"""Method label -> its strategy, client and local momentum."""
 
 PAPER = re.compile(r"(arXiv:\d{4}\.\d{4,5}|(19|20)\d\d, [A-Z][A-Za-z]+)")
 """A citation in a summary: an arXiv id, or a year and a venue (``2021, KDD``)."""
@@ -54,7 +54,7 @@ SMOKE = [
 def test_each_method_runs_with_the_diagnostics_and_records_its_metrics(label, tmp_path):
     method = METHODS[label]
     cfg = smoke_config([*SMOKE, f"strategy={{name: {method['strategy']['name']}}}",
-                        f"client={{name: {method['client']['name']}}}"])
+                        f"client={{name: {method['client']['name']}}}", f"train.momentum={method['train.momentum']}"])
     run = run_in_process(cfg, tmp_path)
     diagnostics = {r["name"] for r in read_records(run, "diagnostic") if r["round"] == 2}
     assert diagnostics == {"misalignment", "circuits"}

@@ -20,7 +20,7 @@ from clients.moon import MoonClient, MoonConfig, model_contrastive_loss
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import run_in_process, train_replies
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
-from fedmech_flwr.client import ClientData
+from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
@@ -103,6 +103,37 @@ def test_moon_contrasts_with_the_global_and_the_previous_model():
     assert l_con < math.log(2) - 1e-3  # swapping global and previous would give more than log 2
 
 
+def test_moon_contrasts_with_the_frozen_global_model_after_the_live_one_moved():
+    """Mid-round the model being trained has left the global one: z_glob is still the
+    received model's features (a frozen copy), never the live model's (sim 1)."""
+    received = tiny_model()
+    client = make_client(MoonClient, MoonConfig(mu=2.0), state=model_arrays(tiny_model()))
+    client.set_parameters(params_of(make_client(MoonClient, MoonConfig())))
+    load_model_arrays(received, model_arrays(client.model))
+    with torch.no_grad():
+        for p in client.model.parameters():  # as if it had taken some local steps
+            p.add_(0.1 * torch.randn_like(p))
+    x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 3] * 2)
+    loss, logits = client.objective(x, y)
+    with torch.no_grad():
+        z = client.model.forward_features(x)
+        l_con = model_contrastive_loss(z, received.forward_features(x), client.previous.forward_features(x), 0.5)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 2.0 * l_con, rtol=1e-5, atol=1e-6)
+    live = model_contrastive_loss(z, z, client.previous.forward_features(x), 0.5)
+    assert abs(l_con - live) > 1e-3  # the test can tell the two apart
+
+
+def test_moon_says_whether_it_applied_the_term():
+    """No previous model (the client's first round): the term is left out and the client
+    says so (``moon-contrasted`` 0); with one, 1."""
+    first = make_client(MoonClient, MoonConfig())
+    _, _, metrics = first.fit(params_of(first), {"server-round": 1})
+    assert metrics["moon-contrasted"] == 0.0 and metrics["moon-contrastive-loss"] == 0.0
+    second = make_client(MoonClient, MoonConfig(), state=first.state)
+    _, _, metrics = second.fit(params_of(second), {"server-round": 2})
+    assert metrics["moon-contrasted"] == 1.0 and metrics["moon-contrastive-loss"] > 0
+
+
 # --- FedRS ------------------------------------------------------------------------------
 
 def test_restricted_logits_known_answer():
@@ -128,6 +159,32 @@ def test_fedrs_client_restricts_the_classes_it_does_not_hold():
     torch.testing.assert_close(logits, client.model(x))  # the model's own prediction, for train accuracy
     plain = make_client(FedRSClient, FedRSConfig(alpha=1.0))
     torch.testing.assert_close(plain.objective(x, y)[0], F.cross_entropy(plain.model(x), y))
+
+
+def test_fedrs_client_holding_every_class_trains_bitwise_as_the_plain_client(monkeypatch):
+    """Every scale 1 (every class held, or alpha 1): the plain client's linear path, so an
+    IID cell ends bitwise as FedAvg's. (h @ W.T) * 1 + b is another GEMM call than
+    F.linear's fused one, equal here only where the BLAS happens to round both alike (the
+    leaderboard's runs differed by up to 3e-8), so the restricted path must not run at all."""
+    import clients.fedrs
+
+    def restricted(*args):
+        raise AssertionError("restricted logits computed although no class is restricted")
+
+    monkeypatch.setattr(clients.fedrs, "restricted_logits", restricted)
+    y = torch.arange(24) % 4
+
+    def trained(cls, params):
+        torch.manual_seed(0)
+        data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
+        client = cls(params, model=tiny_model(), data=data, train=TrainConfig(epochs=3, batch_size=8, lr=0.05),
+                     pruning=PruningConfig(mode="dense"), seed=0, partition_id=0)
+        return client.fit(params_of(client), {"server-round": 1})[0]
+
+    plain = trained(FedMechClient, None)
+    for params in (FedRSConfig(alpha=0.5), FedRSConfig(alpha=1.0)):
+        for a, b in zip(trained(FedRSClient, params), plain):
+            assert a.tobytes() == b.tobytes()
 
 
 # --- FedDecorr --------------------------------------------------------------------------
@@ -224,6 +281,21 @@ def test_fedetf_sends_and_keeps_the_etf_head(flower_identity):
     np.testing.assert_allclose(got["conv1.weight"], trained["conv1.weight"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("balanced", [True, False])
+def test_etf_client_trains_on_the_etf_logits_plus_log_counts(balanced):
+    """The balanced loss is the cross-entropy of w_c^T h / (T ||h||) + log n_c: a class the
+    client holds many of gets a higher score while training (Ren et al.'s balanced softmax),
+    so its bias is not learned into the body."""
+    client = make_client(ETFClient, ETFConfig(temperature=0.5, balanced=balanced))
+    x, y = client.data.x[:8], client.data.y[:8]
+    loss, logits = client.objective(x, y)
+    with torch.no_grad():
+        scores = F.normalize(client.model.forward_features(x), dim=1) @ client.model.head.weight.T / 0.5
+    log_n = torch.log(torch.tensor([12.0, 8.0, 4.0, 1.0])) if balanced else torch.zeros(4)
+    torch.testing.assert_close(loss, F.cross_entropy(scores + log_n, y), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, scores, rtol=1e-5, atol=1e-6)  # the accuracy is the ETF's own
+
+
 def test_etf_client_balanced_shift_and_refusals():
     balanced = make_client(ETFClient, ETFConfig())
     torch.testing.assert_close(balanced.shift, torch.log(torch.tensor([12.0, 8.0, 4.0, 1.0])))  # absent: n = 1
@@ -257,6 +329,7 @@ def test_smoke_run_records_the_method_and_the_misalignment_diagnostic(client, tm
         assert all(metric.path[0] in r for r in records), key
     if client == "moon":  # no previous model in round 1; the node kept one for round 2
         assert [r["moon_contrastive_loss"] > 0 for r in records] == [False, True]
+        assert [r["moon_contrasted"] for r in records] == [0.0, 1.0]
     if client == "etf":
         final = load_arrays(run / "model_final.safetensors")
         assert final["head.weight"].tobytes() == simplex_etf(4, 72, cfg.seed).astype(np.float32).tobytes()

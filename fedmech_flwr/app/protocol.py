@@ -20,7 +20,11 @@
   round's book-keeping (``RoundSummary``: who was sampled and succeeded, the model sent
   and the updates received) that the run's round end (``fedmech_flwr.app.run``) reads;
 - the server's copy of each client's own state (``FedMechClient.state``, kept on the node
-  between rounds): the state of its last accepted reply, saved with every resume point;
+  between rounds): the state of its last accepted reply, saved with every resume point. A
+  node keeps the state its client computed even when the reply is then dropped (NaN
+  weights, a timeout), so the client's next train message carries the accepted copy
+  (empty when none was accepted) and node and server agree again (SCAFFOLD's c_i and c,
+  FedDyn's h_k and h);
 - resuming a killed run: Flower's ``Strategy.start`` always counts rounds from 1, so a
   run resumed after round r runs the remaining rounds with every round number shifted
   by r (``resume_after``); a client's first train message after the resume carries its
@@ -286,6 +290,9 @@ class RoundProtocol(Strategy):
         Applied to the aggregated arrays before anything else sees them (mask policy).
     resume_after : int, optional
         The last completed round of a killed run being resumed; None for a new run.
+    sent_metrics : callable, optional
+        Metrics of the aggregate as sent (after the mask policy), added to the strategy's
+        record of the round (the sent model's accuracy, where the strategy reports another).
     """
 
     def __init__(
@@ -296,8 +303,10 @@ class RoundProtocol(Strategy):
         recorder: RunFolder,
         post_aggregate: Callable[[NamedArrays], NamedArrays] | None = None,
         resume_after: int | None = None,
+        sent_metrics: Callable[[NamedArrays], dict[str, float]] | None = None,
     ) -> None:
         self.strategy = strategy
+        self.sent_metrics = sent_metrics
         self.cfg = cfg
         self.partitions = partitions
         self.node_to_partition = {node: pid for pid, node in partitions.items()}
@@ -308,9 +317,11 @@ class RoundProtocol(Strategy):
         """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
         self.client_states: dict[int, NamedArrays] = {}
-        """Client id -> the state its last accepted reply carried."""
+        """Client id -> the state its last accepted reply carried (empty for a client whose
+        replies were all dropped)."""
         self._on_node: set[int] = set()
-        """Clients whose node holds their state in this Flower run (they replied in it)."""
+        """Clients whose node holds their accepted state in this Flower run (their last reply
+        in it was accepted)."""
 
     def sample(self, server_round: int) -> list[int]:
         """Client ids trained in ``server_round`` (seeded by seed and round; sorted)."""
@@ -335,7 +346,7 @@ class RoundProtocol(Strategy):
         self.current.sampled = tuple(sorted(self.node_to_partition[m.metadata.dst_node_id] for m in messages))
         for msg in messages:
             pid = self.node_to_partition[msg.metadata.dst_node_id]
-            if pid in self.client_states and pid not in self._on_node:  # a resumed run: the node starts empty
+            if pid in self.client_states and pid not in self._on_node:  # a resumed run or a dropped reply
                 # strategies share one content among their messages: this one gets its own
                 msg.content = RecordDict({**msg.content, CLIENT_STATE_KEY: to_record(self.client_states[pid])})
         return messages
@@ -346,6 +357,9 @@ class RoundProtocol(Strategy):
         self.current.train_seconds = time.perf_counter() - self.current.started_at
         usable, failures = self._screen(replies)
         self._apply_failure_policy(server_round, failures, len(usable))
+        for pid, _, _ in failures:  # its node may hold a state the server never accepted: resend the accepted one
+            self._on_node.discard(pid)
+            self.client_states.setdefault(pid, {})
         updates = self.current.updates = {u.partition_id: u for _, u in usable}
         self.current.succeeded = tuple(updates)
         for update in updates.values():
@@ -356,10 +370,12 @@ class RoundProtocol(Strategy):
         arrays, metrics = self.strategy.aggregate_train(server_round, [reply for reply, _ in usable])
         if arrays is None:
             raise ClientFailure(f"round {server_round}: {type(self.strategy).__name__} returned no aggregated model")
-        if metrics:
-            self.recorder.strategy(server_round, dict(metrics))
         if self.post_aggregate is not None:
             arrays = to_record(self.post_aggregate(from_record(arrays)))
+        if self.sent_metrics is not None and (extra := self.sent_metrics(from_record(arrays))):
+            metrics = MetricRecord({**(metrics or {}), **extra})
+        if metrics:
+            self.recorder.strategy(server_round, dict(metrics))
         return arrays, metrics
 
     def _screen(self, replies: list[Message]) -> tuple[list[tuple[Message, ClientUpdate]], list[tuple[int, str, str]]]:

@@ -73,7 +73,7 @@ from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.run_folder import CONFIG_FILE, PLOTS_DIR, STATE_FILE, ResumePoint, RunFolder
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.strategy import SENT_ACCURACY, SENT_LOSS, STRATEGIES, ReportsAnotherModel, StrategyContext
 from fedmech_flwr.tensorboard_events import EventFiles
 from fedmech_flwr.training import EvalResult, evaluate, resolve_device
 from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
@@ -200,14 +200,18 @@ class Run:
                                                CLIENT_IDS_KEY: roster.ids_json()})
             self.committed = point or ResumePoint(0, initial, {})
             self.protocol = RoundProtocol(inputs.strategy, self.cfg, roster.node_ids, folder, inputs.reprune,
-                                          resume_after=point.last_round if point else None)
+                                          resume_after=point.last_round if point else None,
+                                          sent_metrics=self.sent_metrics)
             if point is not None:
                 self.restore(point.protocol_state)
+            if isinstance(inputs.strategy, ReportsAnotherModel):
+                log.info("Evaluated and diagnosed: %s (the sent model's accuracy is the strategy metric %s)",
+                         inputs.strategy.reports, SENT_ACCURACY)
             result = self.protocol.start(
                 grid, to_record(self.committed.global_arrays), num_rounds=fed.num_rounds - self.committed.last_round,
                 timeout=fed.round_timeout_s, train_config=self._train_config, evaluate_config=evaluate_config,
                 evaluate_fn=partial(self._flower_round_end, evaluate_fn))
-            folder.final_model(self.committed.global_arrays)
+            folder.final_model(self.reported(self.committed.global_arrays))
         return result
 
     def _open_folder(self) -> RunFolder:
@@ -298,10 +302,11 @@ class Run:
         0: the initial model, evaluated and committed; no diagnostics)."""
         fed, folder = self.cfg.federation, self.folder
         named = from_record(arrays)
-        res, sparsity = self._evaluate(server_round, named)
+        shown = self.reported(named)
+        res, sparsity = self._evaluate(server_round, shown)
         _check_finite(server_round, res.loss, named, self.committed.last_round, folder)
         if server_round > 0:
-            self._diagnose(server_round, arrays, named)
+            self._diagnose(server_round, arrays if shown is named else to_record(shown), shown)
         state = self.state()
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             folder.checkpoint(server_round, named, state)
@@ -311,6 +316,21 @@ class Run:
             self.events.round(server_round, folder.recent)
         self._log(server_round, res, sparsity)
         return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
+
+    def reported(self, sent: NamedArrays) -> NamedArrays:
+        """The model the round's accuracy describes: ``sent`` (the same object) unless the
+        strategy reports another (``ReportsAnotherModel``)."""
+        strategy = self.inputs.strategy
+        return strategy.reported(sent) if isinstance(strategy, ReportsAnotherModel) else sent
+
+    def sent_metrics(self, sent: NamedArrays) -> dict[str, float]:
+        """The round's strategy metrics on the model sent to the clients where the strategy
+        reports another: its test accuracy and loss (none where the two are one)."""
+        if self.reported(sent) is sent:
+            return {}
+        x_test, y_test = self.inputs.datasets["test"]
+        res = evaluate(self.inputs.build(sent), x_test, y_test, self.inputs.num_classes, self.cfg.eval_batch_size)
+        return {SENT_ACCURACY: res.accuracy, SENT_LOSS: res.loss}
 
     def _evaluate(self, server_round: int, named: NamedArrays) -> tuple[EvalResult, float]:
         """Test the global model and write the round's eval record; return the result and
@@ -494,7 +514,8 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     if len(audit):
         datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
     context = StrategyContext(bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
-                              initial, build, datasets.get("audit"), cfg.federation.num_clients)
+                              initial, build, datasets.get("audit"), cfg.federation.num_clients,
+                              cfg.pruning.mode == "magnitude")
     hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes).astype(int)
     pruning = cfg.pruning
     inputs = RunInputs(
