@@ -1,12 +1,13 @@
 # The two commands of the README, and their parts.
-.PHONY: setup demo test test-fast bench
+.PHONY: setup demo test test-fast bench docs docs-serve
 
 setup:
 	bash scripts/setup.sh
 
-# Install everything, then run the default experiment with flwr run (a few minutes on 2 cores).
+# Install everything, then run the default job beside its IID control (experiments/demo.yaml):
+# a verdict on the console, and a page per run (about N minutes on 2 cores, install included).
 demo: setup
-	.venv/bin/fedmech run experiments/default.yaml
+	.venv/bin/fedmech sweep experiments/demo.yaml
 
 # The test suite (what .ci/run calls), four tests at a time: the real launches spend much
 # of their time waiting on other processes.
@@ -20,3 +21,14 @@ test-fast:
 
 bench:
 	.venv/bin/python benchmarks/throughput.py
+
+# The documentation site: regenerate the reference pages from the code, then build it into
+# site/ (open site/index.html); --strict fails on a broken link or anchor.
+docs:
+	.venv/bin/python -m fedmech_flwr.tools.reference
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
+
+# The site, live at http://127.0.0.1:8000, rebuilt as pages change.
+docs-serve:
+	.venv/bin/python -m fedmech_flwr.tools.reference
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs serve

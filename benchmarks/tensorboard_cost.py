@@ -3,7 +3,7 @@
 Times ``EventFiles.round`` (every declared metric of the round, per-class values and
 flags, written and flushed) against the round's wall time (``elapsed_seconds`` between
 consecutive eval records), and the final ``EventFiles.close`` (the plots as images)
-against the whole run. The default is the README's main job, experiments/default.yaml.
+against the whole run. The default is experiments/default.yaml.
 
     python benchmarks/tensorboard_cost.py [EXPERIMENT] [--rounds 3] [--set key=value ...]
 """

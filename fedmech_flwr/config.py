@@ -139,6 +139,7 @@ class FederationConfig:
     num_clients: int = field(default=10, metadata={"ge": 1})
     """Number of partitions; must equal the number of SuperNodes."""
     num_rounds: int = field(default=5, metadata={"ge": 1})
+    """Aggregation rounds; the diagnostics run after those their ``every`` names."""
     clients_per_round: int | None = field(default=None, metadata={"ge": 1})
     """Clients sampled per round by partition-id with a seeded RNG; null means all."""
     on_client_failure: Literal["fail", "continue"] = "fail"
@@ -194,13 +195,17 @@ class ExperimentConfig:
     the experiment is validated, on the server and on every client, so the names they
     register may be chosen here. Each must be importable there (installed, or on PYTHONPATH)."""
     seed: int = 0
+    """Seeds everything: the partition, the model's initial weights, each client's
+    training and every diagnostic's random stream (``seeds.seed_for``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where models train and are diagnosed; ``auto`` takes CUDA when it is there."""
     output_root: str = "~/fedmech-runs"
     """Where run folders go: absolute or ``~/...`` (the ServerApp's working directory is
     the SuperLink's, not your project). ``--out`` or ``FEDMECH_OUT`` override it."""
     tensorboard: bool = True
     """Write TensorBoard event files of every declared metric into the run folder."""
     eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    """Images per forward pass when the server tests the global model (memory, not results)."""
     pruning: PruningConfig = field(default_factory=PruningConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
@@ -227,10 +232,13 @@ class FlowerAppConfig:
     seed: int = 0
     """Seeds the round protocol's and the diagnostics' random streams (``seeds.seed_for``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the diagnostics run; ``auto`` takes CUDA when it is there."""
     output_root: str = "~/fedmech-runs"
+    """Where run folders go: absolute or ``~/...``."""
     tensorboard: bool = True
     """Write TensorBoard event files of every declared metric into the run folder."""
     eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    """Images per forward pass when the server tests the global model (memory, not results)."""
     include_head: bool = False
     """Count the classifier head in the eval record's ``sparsity``."""
     federation: FederationConfig = field(default_factory=FederationConfig)

@@ -152,8 +152,8 @@ class LevelPanel:
     """(level index, value, series name): values to compare with, drawn as stars."""
 
 
-def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_label: str, control_label: str,
-               ylim: tuple[float, float] | None = None) -> Path:
+def level_plot(panels: list[LevelPanel], xlabel: str, ylabel: str, path: Path, published_label: str,
+               control_label: str, ylim: tuple[float, float] | None = None) -> Path:
     """Per panel, each series' mean with its interval as error bars against the levels, one
     colour per series name; flagged points ringed red with their flag written beside;
     published values as black-edged stars in the colour of their series."""
@@ -188,7 +188,7 @@ def level_plot(panels: list[LevelPanel], ylabel: str, path: Path, published_labe
             marks.setdefault(published_label, star)
         ax.set_xticks(range(len(panel.levels)), panel.levels)
         ax.set_xlim(-0.6, len(panel.levels) - 0.4)
-        ax.set(title=panel.title, ylabel=ylabel)
+        ax.set(title=panel.title, xlabel=xlabel, ylabel=ylabel)
         if ylim:
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)

@@ -28,13 +28,17 @@ class TrainConfig:
     """Local training, identical for every client plug-in."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
+    """The local optimiser, made fresh every round (no optimiser state crosses rounds)."""
     lr: float = field(default=1e-3, metadata={"gt": 0.0})
+    """Local learning rate."""
     momentum: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
     """SGD momentum (ignored by Adam)."""
     weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
+    """L2 weight decay of the local optimiser."""
     epochs: int = field(default=1, metadata={"ge": 1})
     """Local epochs per round."""
     batch_size: int = field(default=64, metadata={"ge": 1})
+    """Local mini-batch size."""
     max_samples_per_round: int | None = field(default=None, metadata={"ge": 1})
     """Train on a seeded random subset of this many local samples per round; null = all."""
 

@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/python -m pip install --quiet -e '.[test,docs]'
 
 # openssl and ssh-keygen make the TLS certificates and SuperNode keys (scripts/make_certs.sh).
 if ! command -v openssl >/dev/null || ! command -v ssh-keygen >/dev/null; then

@@ -156,11 +156,12 @@ def run_folders(out: Path) -> list[Path]:
 
 def compared_files(run: Path) -> dict[str, bytes]:
     """The files a resumed run must reproduce bitwise (records are compared apart:
-    they hold timings; status, environment, plots, TensorBoard's event files and the
-    logs describe the process)."""
+    they hold timings; status, environment, plots, TensorBoard's event files, the logs
+    and the page describe the process)."""
     skip = {"metrics.jsonl", "status.json", "environment.json"}
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.name not in skip and not {"plots", "tensorboard", "logs"} & set(p.relative_to(run).parts)}
+            if p.is_file() and p.name not in skip
+            and not {"plots", "tensorboard", "logs", "report"} & set(p.relative_to(run).parts)}
 
 
 def lost_bytes(reference: Path, resumed: Path) -> int:

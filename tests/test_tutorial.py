@@ -1,4 +1,4 @@
-"""docs/first_strategy.md runs as written: its fenced blocks, in order, in a fresh folder.
+"""docs/tutorials/first_strategy.md runs as written: its fenced blocks, in order, in a fresh folder.
 
 The convention (the doc states it at its end):
 
@@ -40,7 +40,7 @@ import pytest
 from conftest import REPO
 from fedmech_flwr.data import DEBIAN_FASHION_MNIST
 
-DOC = REPO / "docs" / "first_strategy.md"
+DOC = REPO / "docs" / "tutorials" / "first_strategy.md"
 FENCE = re.compile(r"^```(\w*)\s*$")
 FILE = re.compile(r"^# file: (\S+)(?: \((replace|append)\))?$")
 MARKER = re.compile(r"^<!-- test: (.*?) -->$")

@@ -45,7 +45,7 @@ Each ablation score carries ``ci95``, the half-width of its 95% Wilson interval 
 seconds of each part (``client_seconds``, ``server_seconds``) and the gate steps each
 client's discovery took (``client_steps``).
 
-Cost (benchmarks/circuits_round.py, README "Benchmarks"): discovery stops each class once
+Cost (benchmarks/circuits_round.py, docs/explanation/benchmarks.md): discovery stops each class once
 its mask is stable (``gates.patience``; null is the paper's fixed 300 steps); all
 ablations of a model run as one batched pass; discovery, ablations and features run on a
 channels-last copy of the model; on SimpleCNN discovery gates each channel at its block's

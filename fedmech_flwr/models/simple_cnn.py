@@ -97,7 +97,7 @@ class GroupedForward:
     group's maps. Where a scale is 0 in every group, the gradient with respect to it is not
     the hooked model's; discovery's STE gates pass none through a closed gate anyway
     (``ste_gate(closed_gradient=False)``). On the paper's setting, a round's discovery
-    takes about 8x and its ablations 4x less time than hooked (README, "What the
+    takes about 8x and its ablations 4x less time than hooked (docs/explanation/benchmarks.md, "What the
     diagnostics cost").
     """
 

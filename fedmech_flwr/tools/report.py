@@ -697,7 +697,7 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
         drawn.append(panel)
     protocol = "at the same protocol" if same == {True} else "at another protocol: read the direction, not the level"
     label = f"published ({paper.paper}), {protocol}" if paper else "published"
-    path = level_plot(drawn, "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
+    path = level_plot(drawn, "label skew", "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
                       ylim=(0.0, 100.0))
     caption = (f"{', '.join(metrics[k].label for k in keys)} accuracy against label skew: mean and 95% "
                "interval over seeds (n in the tables below)")
