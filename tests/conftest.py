@@ -3,6 +3,7 @@ one in-process smoke run reused by the end-to-end and CLI tests."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -144,6 +145,51 @@ def plugin_site(tmp_path, monkeypatch) -> Path:
 
 MEASURED = re.compile(r"seconds|per-s$|per_s$|rss_mb$")
 """Keys of timings and memory: measured, so never reproducible."""
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+"""Debian's Chromium, which the page tests open pages in (setup.sh installs it)."""
+
+
+@contextlib.contextmanager
+def browser_page():
+    """A page of a headless Chromium that reaches nothing on the network by itself."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str, int, str]]:
+    """The fenced blocks of a Markdown text: (language, text, line of the opening fence
+    (1-based), the last non-blank line before it, where a marker comment stands). A block
+    never closed is a ``ValueError`` naming its line."""
+    lines = text.split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < len(lines) and lines[i] != "```":
+            i += 1
+        if i == len(lines):
+            raise ValueError(f"the block at line {start + 1} is never closed")
+        previous = next((line for line in reversed(lines[:start]) if line.strip()), "")
+        out.append((match.group(1), "\n".join(lines[start + 1 : i]) + "\n", start + 1, previous))
+        i += 1
+    return out
 
 
 def without_measured(records: list[dict]) -> list[dict]:

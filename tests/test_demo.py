@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import CHROMIUM, REPO, browser_page
 from fedmech_flwr.data import DEBIAN_FASHION_MNIST
 from fedmech_flwr.run_folder import read_records
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist absent")]
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -58,26 +57,17 @@ def test_the_demo_ends_with_its_verdict_and_names_its_page_last(demo):
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")
 def test_the_demo_page_opens_offline_with_the_headline_and_the_verdict_first(demo, tmp_path):
-    from playwright.sync_api import sync_playwright
-
     folder, _ = demo
     errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        try:
-            page = browser.new_page()
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.on("request", lambda req: errors.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
-            page.goto((folder / "report" / "index.html").as_uri())
-            page.wait_for_load_state("load")
-            first = page.eval_on_selector("h2", "h => h.textContent")
-            image = page.eval_on_selector("h2 + figure img", "i => i.complete ? i.naturalWidth : 0")
-            verdict = page.eval_on_selector("h2 ~ ul", "u => u.textContent")
-            page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)  # kept in tmp_path: look at it
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        page.on("request", lambda req: errors.append(req.url) if not req.url.startswith(("file:", "data:")) else None)
+        page.goto((folder / "report" / "index.html").as_uri())
+        page.wait_for_load_state("load")
+        first = page.eval_on_selector("h2", "h => h.textContent")
+        image = page.eval_on_selector("h2 + figure img", "i => i.complete ? i.naturalWidth : 0")
+        verdict = page.eval_on_selector("h2 ~ ul", "u => u.textContent")
+        page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)  # kept in tmp_path: look at it
     assert errors == []  # nothing but the file itself and its inline images: no CDN, no network
     assert first == "Preserved or misaligned: the headline" and image > 0
     assert "linear probe on its frozen features" in verdict

@@ -55,11 +55,10 @@ from unittest import mock
 import pytest
 import yaml
 
-from conftest import REPO, once_per_session
+from conftest import REPO, fenced_blocks, once_per_session
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 RUN_ELSEWHERE = {"docs/tutorials/first_strategy.md": "run whole, at smoke size, by tests/test_tutorial.py"}
-FENCE = re.compile(r"^```(\S*)\s*$")
 NOT_RUN = re.compile(r"^<!-- not run here: (.+?) -->$")
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
 LANGUAGES = {"bash", "python", "yaml", "toml", "text"}
@@ -92,23 +91,12 @@ def page_name(path: Path) -> str:
 
 
 def blocks(path: Path) -> list[Block]:
-    lines = path.read_text().split("\n")
-    out, i = [], 0
-    while i < len(lines):
-        match = FENCE.match(lines[i])
-        if not match:
-            i += 1
-            continue
-        start, language = i, match.group(1)
-        i += 1
-        while i < len(lines) and lines[i] != "```":
-            i += 1
-        assert i < len(lines), f"{page_name(path)}:{start + 1}: the block is never closed"
-        previous = next((line for line in reversed(lines[:start]) if line.strip()), "")
-        skip = m.group(1) if (m := NOT_RUN.match(previous)) else None
-        out.append(Block(page_name(path), language, "\n".join(lines[start + 1:i]) + "\n", start + 1, skip))
-        i += 1
-    return out
+    try:
+        found = fenced_blocks(path.read_text())
+    except ValueError as err:
+        raise AssertionError(f"{page_name(path)}: {err}") from None
+    return [Block(page_name(path), language, body, line, m.group(1) if (m := NOT_RUN.match(previous)) else None)
+            for language, body, line, previous in found]
 
 
 ALL = [b for page in PAGES for b in blocks(page)]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import CHROMIUM, REPO, browser_page
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import declared
 from fedmech_flwr.tools.cli import main
@@ -24,7 +24,6 @@ from fedmech_flwr.tools.report import Stat, format_stat, read_inputs, read_paper
 
 T2 = 4.302652730  # t_{0.975, df=2}
 T1 = 12.706204736  # t_{0.975, df=1}
-CHROMIUM = Path("/usr/bin/chromium")
 PAPER = Path(__file__).parent / "data" / "paper_values.yaml"
 PAPER_VALUES = Path(__file__).parents[1] / "experiments" / "paper" / "values.yaml"
 CLASSES = ["zero", "one", "two", "three"]
@@ -402,30 +401,21 @@ def test_markdown_embeds_text_from_runs_and_values_files_as_text(tmp_path):
 def test_the_page_leads_with_the_claim_in_a_headless_browser(tmp_path):
     """The sweep against the product's own values file: the headline figure first, the
     protocol beside the paper's, the collapsed group flagged, no difference in points."""
-    from playwright.sync_api import sync_playwright
-
     out = tmp_path / "out"
     write_report([make_sweep(tmp_path / "sweep")], out, paper_file=PAPER_VALUES)
     errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        try:
-            page = browser.new_page()
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.on("requestfailed", lambda req: errors.append(f"failed: {req.url}"))
-            page.goto((out / "index.html").as_uri())
-            page.wait_for_load_state("load")
-            widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
-            first = page.eval_on_selector("h2", "h => [h.textContent, h.nextElementSibling.querySelector('img').alt]")
-            headings = page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)")
-            headers = page.eval_on_selector_all("th", "ths => ths.map(th => th.textContent)")
-            cells = page.eval_on_selector_all("td", "tds => tds.map(td => td.textContent)")
-            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)  # kept in tmp_path: look at it
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        page.on("requestfailed", lambda req: errors.append(f"failed: {req.url}"))
+        page.goto((out / "index.html").as_uri())
+        page.wait_for_load_state("load")
+        widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+        first = page.eval_on_selector("h2", "h => [h.textContent, h.nextElementSibling.querySelector('img').alt]")
+        headings = page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)")
+        headers = page.eval_on_selector_all("th", "ths => ths.map(th => th.textContent)")
+        cells = page.eval_on_selector_all("td", "tds => tds.map(td => td.textContent)")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)  # kept in tmp_path: look at it
     assert errors == []
     assert len(widths) == 5 and all(w > 0 for w in widths)
     assert first[0] == "Preserved or misaligned: the headline" and first[1].startswith("global, probe, realigned")
@@ -623,12 +613,11 @@ def test_a_value_that_rounds_to_zero_is_never_minus_zero():
 def test_dense_runs_are_the_headline_control_only_beside_pruned_ones(tmp_path, monkeypatch):
     """A panel whose runs are all dense (the leaderboard) has no control series: every
     group is drawn as a measurement; with pruned runs beside them, the dense ones are."""
-    from fedmech_flwr.tools import report
-    from fedmech_flwr.tools.report import Group, plot_headline
+    from fedmech_flwr.tools.report import Group, figures, plot_headline
 
     drawn = []
-    real_level_plot = report.level_plot
-    monkeypatch.setattr(report, "level_plot", lambda panels, *a, **k: drawn.append(panels) or real_level_plot(
+    real_level_plot = figures.level_plot
+    monkeypatch.setattr(figures, "level_plot", lambda panels, *a, **k: drawn.append(panels) or real_level_plot(
         panels, *a, **k))
 
     def made(mode: str, partition: dict, accuracy: float, seed: int = 0) -> Group:

@@ -37,11 +37,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fenced_blocks
 from fedmech_flwr.data import DEBIAN_FASHION_MNIST
 
 DOC = REPO / "docs" / "tutorials" / "first_strategy.md"
-FENCE = re.compile(r"^```(\w*)\s*$")
 FILE = re.compile(r"^# file: (\S+)(?: \((replace|append)\))?$")
 MARKER = re.compile(r"^<!-- test: (.*?) -->$")
 MARKERS = {"dry-run": "bash", "output": "text"}
@@ -81,24 +80,12 @@ class Block:
 
 def blocks(text: str) -> list[Block]:
     """The fenced blocks of a Markdown text, with the marker comment just before each."""
-    lines = text.split("\n")
-    out, i = [], 0
-    while i < len(lines):
-        match = FENCE.match(lines[i])
-        if not match:
-            i += 1
-            continue
-        start = i
-        i += 1
-        while i < len(lines) and lines[i] != "```":
-            i += 1
-        if i == len(lines):
-            raise TutorialError(f"the block at line {start + 1} is never closed")
-        previous = next((line for line in reversed(lines[:start]) if line.strip()), "")
-        marker = m.group(1) if (m := MARKER.match(previous)) else None
-        out.append(Block(match.group(1), "\n".join(lines[start + 1 : i]) + "\n", start + 1, marker))
-        i += 1
-    return out
+    try:
+        found = fenced_blocks(text)
+    except ValueError as err:
+        raise TutorialError(str(err)) from None
+    return [Block(language, body, line, m.group(1) if (m := MARKER.match(previous)) else None)
+            for language, body, line, previous in found]
 
 
 def check(block: Block) -> None:
