@@ -29,8 +29,7 @@ from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_datase
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
-from fedmech_flwr.seeds import numpy_rng, seed_for
-from fedmech_flwr.training import seed_everything
+from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.typed import join_key, to_plain
 
 _PARTITIONS: dict[str, list[np.ndarray]] = {}
@@ -173,15 +172,15 @@ class ImageShape(Protocol):
 
 def new_model(cfg: ExperimentConfig, bundle: ImageShape, device: torch.device | str = "cpu") -> FedMechModel:
     """The model of this experiment for ``bundle``'s images and classes; weights are
-    seeded by ``cfg.seed``."""
-    seed_everything(seed_for(cfg.seed, "model-init"))
-    model = build_model(
-        cfg.model.name,
-        cfg.model.params,
-        in_channels=bundle.in_channels,
-        num_classes=bundle.num_classes,
-        image_size=bundle.image_size,
-    )
+    seeded by ``cfg.seed``, and the process-wide RNGs are left as they were."""
+    with seeded_globals(seed_for(cfg.seed, "model-init")):
+        model = build_model(
+            cfg.model.name,
+            cfg.model.params,
+            in_channels=bundle.in_channels,
+            num_classes=bundle.num_classes,
+            image_size=bundle.image_size,
+        )
     return model.to(device)
 
 

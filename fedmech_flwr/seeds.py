@@ -14,7 +14,8 @@ local training (``local-training``), the circuits diagnostic (``circuits-local``
 ``circuits-ablation``), the misalignment diagnostic (``misalignment-split``,
 ``misalignment-head``, ``misalignment-probe``, ``misalignment-ccvr``), the realigning
 strategies (``head-realign-split``, ``head-realign``, ``ccvr``) and
-``circuit_masked_avg``'s random control (``circuit-masked-random/<layer>``). Data partitioning
+``circuit_masked_avg``'s random control (``circuit-masked-random/<layer>``), and what a strategy of the round protocol draws from the
+process-wide RNGs (``flower-sampling``: Flower's own node sampling). Data partitioning
 and synthetic data still use the run seed directly: they are drawn once per run. Circuit
 discovery splits the generator it is handed into per-class streams; that split is not a
 run-level seed and is unchanged.
@@ -24,6 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -48,3 +52,22 @@ def torch_generator(
 ) -> torch.Generator:
     """A CPU torch generator seeded by ``seed_for``."""
     return torch.Generator().manual_seed(seed_for(run_seed, purpose, partition_id, server_round))
+
+
+@contextmanager
+def seeded_globals(seed: int) -> Iterator[None]:
+    """Python's, NumPy's and torch's process-wide RNGs seeded with ``seed`` inside the
+    block, and as they were before it after: code that draws from the globals (a model's
+    initialisers, Flower's node sampling) gets a seeded stream, and nobody else's stream
+    moves. Only a client's own training seeds the globals for good
+    (``training.seed_everything``)."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)

@@ -152,11 +152,11 @@ def round_lines(text: str) -> list[str]:
 
 def assert_same_run(reference: Path, run: Path) -> None:
     """The same folder (every file's path), and the same status semantics. Flower's own logs
-    are left out: ``fedmech run`` copies them into logs/, a user's own ``flwr run`` keeps
-    them where its SuperLink writes them."""
+    and the page are left out: ``fedmech run`` copies the logs into logs/ and writes the
+    page, report/, when the run ends; a user's own ``flwr run`` does neither."""
     def files(folder: Path) -> set[str]:  # an event file is named by its time, host and pid
         return {re.sub(r"events\.out\.tfevents\..*", "events", str(p.relative_to(folder)))
-                for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] != "logs"}
+                for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] not in ("logs", "report")}
 
     assert files(run) == files(reference)
     assert read_status(run).keys() == read_status(reference).keys()
@@ -205,6 +205,30 @@ def test_a_strategy_that_samples_itself_is_recorded_as_it_sampled(example, tmp_p
     assert all(r["clients_sampled"] == r["clients_succeeded"] for r in evals)
     assert not read_records(strategy.run_dir, "failure")
     assert [len(r["clients"]) for r in read_records(strategy.run_dir, "diagnostic")] == [1, 1]
+
+
+def _flower_sampled(example, out: Path, seed: int) -> list[list[int]]:
+    """The clients Flower's FedAvg picks (one of three a round) over five rounds."""
+    _, client_app = example
+    grid = InProcessGrid(client_app.app, 3)
+    for context in grid.contexts.values():
+        context.run_config = RUN_CONFIG
+    build = lambda: client_app.node_model(grid.contexts[1000])  # noqa: E731
+    strategy = WithDiagnostics(FedAvg(fraction_train=0.3, min_train_nodes=1, min_available_nodes=1,
+                                      fraction_evaluate=0.0), build,
+                               {"seed": seed, "federation": {"num_clients": 3}}, test=TEST_SET, out=out)
+    strategy.start(grid, ArrayRecord(build().state_dict()), num_rounds=5)
+    return [r["clients_sampled"] for r in read_records(strategy.run_dir, "eval")[1:]]
+
+
+def test_flower_samples_other_clients_each_round_and_the_same_ones_per_seed(example, tmp_path):
+    """Building a model no longer reseeds the globals Flower samples from: its draw moves
+    from round to round, and the same seed draws the same clients (a resumed run too:
+    each round's draw is seeded by the run's seed and the round)."""
+    drawn = _flower_sampled(example, tmp_path / "a", seed=0)
+    assert len({tuple(s) for s in drawn}) > 1
+    assert _flower_sampled(example, tmp_path / "b", seed=0) == drawn
+    assert _flower_sampled(example, tmp_path / "c", seed=1) != drawn
 
 
 @pytest.mark.integration

@@ -32,3 +32,23 @@ def test_numpy_integers_and_generators_agree():
     assert numpy_rng(5, "p", 1, 2).integers(1 << 30) == np.random.default_rng(seed_for(5, "p", 1, 2)).integers(1 << 30)
     assert torch.equal(torch.rand(3, generator=torch_generator(5, "p", 1, 2)),
                        torch.rand(3, generator=torch.Generator().manual_seed(seed_for(5, "p", 1, 2))))
+
+
+def test_building_a_model_leaves_the_process_wide_rngs_as_they_were(smoke_cfg):
+    """Flower draws from the globals (node sampling, DP noise): a model built on the server
+    (at start, every evaluation, each diagnostic's and strategy's build) must not reseed
+    them, and still gets the same initial weights every time."""
+    import random
+
+    from fedmech_flwr.arrays import model_arrays
+    from fedmech_flwr.data import load_dataset
+    from fedmech_flwr.experiment import new_model
+
+    bundle = load_dataset(smoke_cfg.data.dataset.name, smoke_cfg.data.dataset.params)
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    states = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    first = model_arrays(new_model(smoke_cfg, bundle))
+    again = model_arrays(new_model(smoke_cfg, bundle))
+    assert random.getstate() == states[0]
+    assert np.array_equal(np.random.get_state()[1], states[1]) and torch.equal(torch.get_rng_state(), states[2])
+    assert all(np.array_equal(first[k], again[k]) for k in first)

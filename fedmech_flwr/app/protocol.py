@@ -52,7 +52,7 @@ from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import raised_where_in_text
 from fedmech_flwr.hooks import ClientUpdate, decode_results
 from fedmech_flwr.run_folder import RunFolder, one_line, strip_colours
-from fedmech_flwr.seeds import numpy_rng
+from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.wire import CLIENT_STATE_KEY, IDENTIFY_ACTION, REPORT_KEY
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,8 @@ class RoundProtocol(Strategy):
         sampled = self.sample(server_round)
         self.current = RoundSummary(server_round, tuple(sampled), started_at=time.perf_counter(), sent=from_record(arrays))
         offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
-        messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
+        with seeded_globals(seed_for(self.cfg.seed, "flower-sampling", None, server_round)):  # Flower samples with random
+            messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
         # a strategy that samples itself (a user's own, fraction_train < 1) trains fewer
         self.current.sampled = tuple(sorted(self.node_to_partition[m.metadata.dst_node_id] for m in messages))
         for msg in messages:
