@@ -32,12 +32,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diagnostics.circuits.ablation import MODES, _scores, ablate, ablation_reports, channel_means, predict, random_like
-from diagnostics.circuits.diagnostic import _balanced_subset
-from diagnostics.circuits.discovery import learn_circuits
-from diagnostics.circuits.gates import GateConfig
-from diagnostics.circuits.metrics import circuit_iou
-from diagnostics.misalignment import Misalignment, MisalignmentConfig
+from fedmech_flwr.builtin.diagnostics.circuits.ablation import MODES, _scores, ablate, ablation_reports, channel_means, predict, random_like
+from fedmech_flwr.builtin.diagnostics.circuits.diagnostic import _balanced_subset
+from fedmech_flwr.builtin.diagnostics.circuits.discovery import learn_circuits
+from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig
+from fedmech_flwr.builtin.diagnostics.circuits.metrics import circuit_iou
+from fedmech_flwr.builtin.diagnostics.misalignment import Misalignment, MisalignmentConfig
 from fedmech_flwr.data import CIFAR10Config, load_dataset
 from fedmech_flwr.heads import features
 from fedmech_flwr.models import build_model

@@ -1,12 +1,14 @@
-"""Client plug-ins: ``fedmech_flwr.client.FedMechClient`` subclasses (Flower NumPyClients).
+"""Client plug-ins: ``FedMechClient`` subclasses (Flower NumPyClients), installed as
+``fedmech_flwr.builtin.clients``.
 
-How to add one: subclass ``FedMechClient``, override ``loss`` (or ``fit``), register it
+How to add one: import what it needs from ``fedmech_flwr.api`` (and nothing else of
+fedmech's), subclass ``FedMechClient``, override ``loss`` (or ``fit``), register it
 with ``@CLIENTS.register("name", ConfigCls)`` (``pairs_with=`` when it only works with
 certain strategies, ``check=`` for rules between its parameters and the experiment or its
 data, run at validation) and import the module here.
 """
 
-from clients import (  # noqa: F401
+from . import (  # noqa: F401
     etf,
     fedbabu,
     feddecorr,

@@ -25,10 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmech_flwr.client import CLIENTS, FedMechClient
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.api import CLIENTS, ConfigError, DataInfo, ExperimentConfig, FedMechClient
 
 
 @dataclass

@@ -11,7 +11,8 @@ the paper's local-momentum example, and
     ||a_i||_1 = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)
 
 which is tau for rho = 0 and 1 for tau = 1 (the authors' code accumulates the same number
-step by step as ``local_normalizing_vec``).
+step by step as ``local_normalizing_vec``); ``a_norm`` computes it (the core's, shared with
+the ``scaffold`` client).
 """
 
 from __future__ import annotations
@@ -20,19 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.client import CLIENTS, FedMechClient
+from fedmech_flwr.api import CLIENTS, FedMechClient, a_norm
 
 A_NORM = "fednova-a-norm"
 """The client metric holding ||a_i||_1."""
 STEPS = "fednova-steps"
 """The client metric holding tau_i, the local steps of the round."""
-
-
-def a_norm(steps: int, momentum: float) -> float:
-    """||a_i||_1 of ``steps`` local SGD steps with heavy-ball ``momentum`` rho."""
-    if momentum == 0:
-        return float(steps)
-    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
 
 
 @CLIENTS.register("fednova", pairs_with=("fednova",))

@@ -38,8 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmech_flwr.client import CLIENTS, FedMechClient
-from fedmech_flwr.training import make_optimizer
+from fedmech_flwr.api import CLIENTS, FedMechClient, make_optimizer
 
 PERSONAL_ACCURACY = "fedrod-personal-accuracy"
 PERSONAL_HEAD = "personal-head"

@@ -38,9 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmech_flwr.arrays import load_model_arrays
-from fedmech_flwr.client import CLIENTS, FedMechClient
-from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.api import CLIENTS, FedMechClient, FedMechModel, load_model_arrays
 
 
 @dataclass

@@ -14,7 +14,7 @@ loop runs it.
 Option II assumes plain SGD, where (x - y) / (K eta_l) is the mean corrected gradient of
 the K steps. With heavy-ball momentum rho (``train.momentum``), which also carries the
 correction, K becomes ||a||_1 = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho), the weight
-momentum gives the K gradients together (FedNova's, ``clients.fednova.a_norm``; K for
+momentum gives the K gradients together (FedNova's, ``a_norm`` of ``fedmech_flwr.api``; K for
 rho = 0): c_i+ is then their momentum-weighted mean. Dividing by K instead, as libraries
 that allow momentum do (NIID-Bench), overestimates c_i up to 1 / (1 - rho) times; with the
 correction inside the momentum, the smoke experiment diverged that way at rho = 0.9.
@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.fednova import a_norm
-from fedmech_flwr.client import CLIENTS, FedMechClient
+from fedmech_flwr.api import CLIENTS, FedMechClient, a_norm
 
 CONTROL = "scaffold-c"
 """The ArrayRecord of the train message holding the server's control variate c."""

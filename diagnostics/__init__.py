@@ -1,14 +1,17 @@
-"""Diagnostic plug-ins: observers run after aggregation through ``fedmech_flwr.hooks``.
+"""Diagnostic plug-ins: observers run after aggregation, installed as
+``fedmech_flwr.builtin.diagnostics``.
 
-How to add one: subclass ``fedmech_flwr.hooks.Diagnostic``, implement ``server_side``
+How to add one: import what it needs from ``fedmech_flwr.api`` (and nothing else of
+fedmech's, nor another plug-in), subclass ``Diagnostic``, implement ``server_side``
 (``client_side`` / ``client_side_global`` for work on a client's own data, ``plot``
 for its figures),
 register it with ``@DIAGNOSTICS.register("name", ConfigCls)`` (``check=`` for rules
 between its parameters and the experiment or its data, run at validation; see
-``fedmech_flwr.registry.Entry.check``) and import it here.
+``Entry.check``) and import it here. A plug-in package (``circuits``, ``usae``) imports its
+own modules relatively.
 """
 
-from diagnostics import misalignment, misalignment_table, weight_divergence  # noqa: F401
-from diagnostics.circuits import diagnostic  # noqa: F401
-from diagnostics.usae import command as usae_command  # noqa: F401
-from diagnostics.usae import diagnostic as usae_diagnostic  # noqa: F401
+from . import misalignment, misalignment_table, weight_divergence  # noqa: F401
+from .circuits import diagnostic  # noqa: F401
+from .usae import command as usae_command  # noqa: F401
+from .usae import diagnostic as usae_diagnostic  # noqa: F401

@@ -44,15 +44,24 @@ import torch
 from safetensors.numpy import load as load_bytes
 from safetensors.numpy import save as save_bytes
 
-from diagnostics.timing import Clock
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import (
+from fedmech_flwr.api import (
+    DEGENERATE_FRACTION,
+    DIAGNOSTICS,
     ClassStats,
+    Clock,
+    ConfigError,
     Covariance,
+    DataInfo,
+    Diagnostic,
+    DiagnosticResult,
+    ExperimentConfig,
+    FedMechModel,
+    GlobalContext,
     LinearHead,
     LinearTrainConfig,
+    Metric,
+    Outputs,
+    RoundState,
     Scores,
     balanced_split,
     best_epoch,
@@ -63,14 +72,13 @@ from fedmech_flwr.heads import (
     features_at,
     head_set_per_class,
     ncm_head,
+    one_class,
     score,
+    seed_for,
     tau_normalize,
+    torch_generator,
     train_linear,
 )
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, one_class
-from fedmech_flwr.seeds import seed_for, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +287,7 @@ class Misalignment(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+        from fedmech_flwr.api import class_labels, heatmap, line_plot
 
         if not records:
             return []

@@ -2,7 +2,7 @@
 
 One row per run (its partition, strategy with its weighting, and client), read from the
 ``misalignment`` records of its metrics.jsonl at the last round (or ``--round N``): every
-metric the diagnostic declares (``OUTPUTS``): the test accuracy of the global model, the
+metric the diagnostic declares (its registered ``outputs``): the test accuracy of the global model, the
 linear probe, the realigned heads and the data-free heads in percent, and the two gaps in
 percentage points (the records hold fractions). A value its validity rule flags (a head
 that predicts one class for more than ``DEGENERATE_FRACTION`` of the test images, or a gap
@@ -21,12 +21,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagnostics.misalignment import OUTPUTS
-from fedmech_flwr.commands import COMMANDS, Command, Help
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, lookup
-from fedmech_flwr.run_folder import CONFIG_FILE, read_records
-from fedmech_flwr.yaml_text import read_yaml_file
+from fedmech_flwr.api import (
+    COMMANDS,
+    CONFIG_FILE,
+    DEGENERATE_FRACTION,
+    DIAGNOSTICS,
+    Command,
+    ConfigError,
+    Help,
+    lookup,
+    read_records,
+    read_yaml_file,
+)
 
 GAPS = ("probe", "realigned")
 FLAG_NOTE = (f"⚑ one class: the head (or, after a gap, a head behind it) predicts one class for more than "
@@ -68,7 +74,7 @@ def table_row(run: Path, cfg: dict[str, Any], record: dict[str, Any]) -> dict[st
         "client": cfg["client"]["name"],
         "round": str(record["round"]),
     }
-    for metric in OUTPUTS.metrics.values():
+    for metric in DIAGNOSTICS.get("misalignment").outputs.metrics.values():  # the diagnostic's, by its name
         value = lookup(record, metric.path)
         cell = f"{metric.display(value):{'+' if metric.unit == 'pp' else ''}.1f}" if isinstance(value, float) else "-"
         if isinstance(value, float) and metric.flag and (flag := metric.flag(record)):

@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
-from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs, RoundState
 
 
 @dataclass
@@ -90,7 +89,7 @@ class WeightDivergence(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.plotting import line_plot
+        from fedmech_flwr.api import line_plot
 
         series: dict[str, dict[str, list[tuple[int, float]]]] = {"relative_distance": {}, "update_cosine": {}, "support_iou": {}}
         for rec in records:

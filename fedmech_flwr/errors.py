@@ -66,7 +66,13 @@ def raised_where(frames: Iterable[tuple[str, int]]) -> str | None:
 
 
 def _module_name(path: Path) -> str:
-    """The dotted name ``path`` is imported by, from the deepest ``sys.path`` entry holding it."""
+    """The dotted name ``path`` is imported by: that of the imported module with that file
+    (a built-in plug-in: ``fedmech_flwr.builtin.clients.plain``), else the name from the
+    deepest ``sys.path`` entry holding it."""
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).name == path.name and Path(file).resolve() == path:
+            return name
     roots = [Path(entry or ".").resolve() for entry in sys.path]
     root = max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=None)
     return ".".join(path.relative_to(root).with_suffix("").parts) if root else path.stem

@@ -14,6 +14,17 @@ declares its records where it registers (``DIAGNOSTICS.register(name, Config,
 outputs=Outputs(...))``); a strategy's metrics are the aggregate's MetricRecord, records of
 kind ``strategy``. ``declared()`` collects them, keyed ``RECORD.KEY``
 (``misalignment.global``, ``eval.accuracy``, ``strategy.krum_selected``).
+
+A key is declared once, as the plug-in sends it: ``Outputs`` applies the records' key rule
+(``record_key``: Flower's ``train-loss`` is recorded ``train_loss``) to its keys itself.
+
+What a plug-in records without declaring it is not lost: ``undeclared(records)`` declares
+it for the plug-in from the records' shape (each numeric top-level value of a diagnostic
+that declares nothing, and of the strategy record each key no strategy declares and the
+core did not put there, becomes a generic metric shown as recorded under the heading
+``GENERIC_TITLE``), and ``declarations(records)`` adds those to the declared ones, so
+``fedmech status``, the report, ``fedmech export`` and TensorBoard show them;
+``notice`` says once, at the first round that records them, how to declare them.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from collections.abc import Iterable
 from typing import Any, Literal
 
 DEGENERATE_FRACTION = 0.9
@@ -32,6 +44,18 @@ ABSENT = object()
 """``lookup``'s answer when a record lacks a metric's first key (not measured there)."""
 
 Flag = Callable[[dict[str, Any]], "str | None"]
+
+
+def record_key(key: str) -> str:
+    """A key as records write it: Python's snake_case. What clients and strategies send is
+    keyed Flower's way (``train-loss`` in a MetricRecord) and renamed on the way in; a
+    declaration names a key either way (``Outputs`` renames it)."""
+    return key.replace("-", "_")
+
+
+def _record_path(path: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A path into a record, its first key (the record's own) as records write it."""
+    return (record_key(path[0]), *path[1:]) if path else path
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,11 @@ class Metric:
         return 100 * value if self.unit in ("%", "pp") else value
 
     @property
+    def heading(self) -> str:
+        """``label (unit)``; the label alone for a metric without a unit (an undeclared one)."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
     def limits(self) -> tuple[float, float] | None:
         """The y range of a plot of this metric, where its unit fixes one."""
         return {"%": (0.0, 100.0), "IoU": (0.0, 1.05)}.get(self.unit)
@@ -77,7 +106,8 @@ class Outputs:
     title: str
     """The heading of their table."""
     metrics: dict[str, Metric]
-    """Short key -> metric."""
+    """Short key -> metric; a key (and a path's first key) as the plug-in sends it or as
+    records write it: either is stored as records write it (``record_key``)."""
     curves: tuple[str, ...] = ()
     """Metrics drawn per round (where measured at 3 rounds or more)."""
     headline: tuple[str, ...] = ()
@@ -86,6 +116,14 @@ class Outputs:
     """Metrics (accuracies) drawn against the label-skew level, the report's first figure."""
 
     def __post_init__(self) -> None:
+        """Apply the records' key rule (``record_key``) to every key and path, so that a
+        plug-in names each key once, as it sends it."""
+        metrics = {record_key(k): replace(m, path=_record_path(m.path), empty=_record_path(m.empty),
+                                          per=_record_path(m.per), per_class=_record_path(m.per_class))
+                   for k, m in self.metrics.items()}
+        object.__setattr__(self, "metrics", metrics)
+        for name in ("curves", "headline", "by_skew"):
+            object.__setattr__(self, name, tuple(record_key(k) for k in getattr(self, name)))
         unknown = [k for k in (*self.curves, *self.headline, *self.by_skew) if k not in self.metrics]
         if unknown:
             raise ValueError(f"outputs name metrics they do not declare: {', '.join(unknown)}")
@@ -192,18 +230,33 @@ EVAL = Outputs("Global model", {
 """The global model's test, every round (the core's ``eval`` record)."""
 
 
-def declared() -> dict[str, Metric]:
+def declared(records: Iterable[dict[str, Any]] = ()) -> dict[str, Metric]:
     """Every declared metric, keyed ``RECORD.KEY``, with its ``record`` filled in; built-ins
-    and loaded plug-ins alike."""
-    return {f"{record}.{key}": replace(metric, record=record) for record, outputs in declarations().items()
-            for key, metric in outputs.metrics.items()}
+    and loaded plug-ins alike, and what ``records`` hold undeclared (``declarations``)."""
+    return metrics_of(declarations(records))
 
 
-def declarations() -> dict[str, Outputs]:
+def metrics_of(outputs: dict[str, Outputs]) -> dict[str, Metric]:
+    """The metrics of declarations by record, keyed ``RECORD.KEY``, ``record`` filled in
+    (an undeclared metric's is filled in already: its declarations are keyed apart)."""
+    return {f"{metric.record or record}.{key}": replace(metric, record=metric.record or record)
+            for record, declared in outputs.items() for key, metric in declared.metrics.items()}
+
+
+def declarations(records: Iterable[dict[str, Any]] = ()) -> dict[str, Outputs]:
     """The declared outputs by record: ``eval``, each diagnostic that declares any, and
-    ``strategy`` (the strategies' declarations merged: one run has one strategy); the
-    built-in and installed plug-ins are imported first, an experiment's own by whoever
-    reads its runs (``report.import_plugins``)."""
+    ``strategy`` (the strategies' declarations merged: one run has one strategy); then,
+    given the ``records`` a view shows, what they hold that no plug-in declares
+    (``undeclared``), keyed ``RECORD (undeclared)``. The built-in and installed plug-ins
+    are imported first, an experiment's own by whoever reads its runs
+    (``run_reader.import_plugins``)."""
+    out = _declared_outputs()
+    out.update({f"{record} (undeclared)": generic for record, generic in undeclared(records, out).items()})
+    return out
+
+
+def _declared_outputs() -> dict[str, Outputs]:
+    """What the registered plug-ins declare (``declarations`` without the records)."""
     from fedmech_flwr import plugins
     from fedmech_flwr.hooks import DIAGNOSTICS
     from fedmech_flwr.strategy import STRATEGIES
@@ -217,3 +270,61 @@ def declarations() -> dict[str, Outputs]:
                                   curves=tuple(k for o in strategies for k in o.curves),
                                   headline=tuple(k for o in strategies for k in o.headline))
     return out
+
+
+GENERIC_TITLE = "{record}: metrics it records without declaring them (as recorded)"
+"""The heading under which a record's undeclared metrics are shown (``undeclared``)."""
+CORE_STRATEGY_KEYS = ("aggregate_seconds", "sent_model_accuracy", "sent_model_loss")
+"""What the core itself puts in every strategy record, besides the clients' metrics
+averaged: the server's time to aggregate, and the sent model's accuracy and loss where a
+strategy reports another model."""
+RECORD_FIELDS = ("kind", "round", "name", "seconds")
+"""Keys of a diagnostic or strategy record that the core writes (``seconds``: the
+diagnostic's wall time)."""
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | None = None) -> dict[str, Outputs]:
+    """Generic declarations, by record, for what plug-ins record without declaring it, read
+    from the records' shape: each numeric top-level value of a diagnostic that declares
+    no outputs, and of the strategy record each key that no strategy declares and the core
+    did not put there (``CORE_STRATEGY_KEYS``, or a key of the same records' client
+    records: the clients' metrics, averaged). Each becomes a metric labelled by its key,
+    shown as recorded (no unit, 3 decimals), under ``GENERIC_TITLE``; no curves, no
+    headline. ``outputs``: the declared ones (default ``declarations()``)."""
+    records = list(records)
+    if not records:
+        return {}
+    outputs = _declared_outputs() if outputs is None else outputs
+    strategy = outputs.get("strategy")
+    skip_strategy = {*RECORD_FIELDS, *CORE_STRATEGY_KEYS, *(strategy.metrics if strategy else ()),
+                     *(k for r in records if r.get("kind") == "client" for k in r)}
+    found: dict[str, dict[str, None]] = {}
+    for record in records:
+        if record.get("kind") == "diagnostic" and isinstance(record.get("name"), str) \
+                and record["name"] not in outputs:
+            source, skip = record["name"], RECORD_FIELDS
+        elif record.get("kind") == "strategy":
+            source, skip = "strategy", skip_strategy
+        else:
+            continue
+        for key, value in record.items():
+            if key not in skip and _numeric(value):
+                found.setdefault(source, {})[key] = None
+    return {source: Outputs(GENERIC_TITLE.format(record=source),
+                            {key: Metric(key, (key,), "", 3, record=source) for key in keys})
+            for source, keys in found.items()}
+
+
+def notice(record: str, generic: Outputs, plugin: str) -> str:
+    """The one line that says, at the first round a plug-in records metrics it does not
+    declare, that they are shown as recorded and how to declare them (``plugin``: its
+    registry and name, e.g. ``DIAGNOSTICS 'geometry'``)."""
+    registry, _, name = plugin.partition(" ")
+    keys = ", ".join(generic.metrics)
+    return (f"{plugin} records metrics it does not declare ({keys}): they are shown as recorded under "
+            f"'{generic.title}'; to give them labels, units and curves, register it with "
+            f"{registry}.register({name}, ..., outputs=Outputs(...)) (fedmech_flwr.outputs)")

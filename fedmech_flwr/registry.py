@@ -80,7 +80,7 @@ class Entry(Generic[F]):
 
     @property
     def origin(self) -> str:
-        """``module (source)``, e.g. ``strategies.fedavg (built-in)``."""
+        """``module (source)``, e.g. ``fedmech_flwr.builtin.strategies.fedavg (built-in)``."""
         return f"{self.module} ({self.source})"
 
 

@@ -56,6 +56,7 @@ from fedmech_flwr.data import repo_root
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
+from fedmech_flwr.outputs import record_key
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +116,6 @@ def _version(package: str) -> str | None:
 def _record_line(record: dict[str, Any]) -> str:
     """One metrics.jsonl line (``read_records`` reads them back)."""
     return json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
-
-
-def record_key(key: str) -> str:
-    """A key as records write it: Python's snake_case. What clients and strategies send is
-    keyed Flower's way (``train-loss`` in a MetricRecord) and renamed on the way in."""
-    return key.replace("-", "_")
 
 
 def _is_record(value: Any) -> bool:
@@ -227,18 +222,75 @@ def memory_available_gib() -> float:
     return float("inf")
 
 
+SWEEP_MANIFEST_FILE = "sweep.json"
+"""In a sweep folder: the manifest ``fedmech sweep`` writes (its cells, their status and wall time)."""
+SWEEP_LOCK_FILE = "sweep.lock"
+"""In a sweep folder: the ``fedmech sweep`` process running it (pid, host, since), while it runs."""
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The process a lock file or a status.json names, and what this host can tell of it:
+    the one liveness rule every reader and writer of run and sweep folders applies."""
+
+    pid: Any
+    host: Any
+    since: str | None
+    state: str
+    """``alive`` (on this host, and running), ``gone`` (on this host, and ended) or
+    ``elsewhere`` (on another host, whose processes this host cannot see: neither alive
+    nor gone as far as this host can tell, as in a folder copied from another machine or
+    on a disk two machines share)."""
+
+    @property
+    def where(self) -> str:
+        """``pid 12 on HOST``; ``on HOST (pid 12), not checked from here`` for another host's."""
+        if self.state == "elsewhere":
+            return f"on {self.host} (pid {self.pid}), not checked from here"
+        return f"pid {self.pid} on {self.host}"
+
+
+def writer_of(doc: dict[str, Any] | None) -> Writer | None:
+    """The writer a lock's or a status.json's ``pid`` and ``host`` name (None when they
+    name none): alive or gone when it ran on this host, ``elsewhere`` when on another."""
+    if not doc or ("pid" not in doc and "host" not in doc):
+        return None
+    pid, host = doc.get("pid"), doc.get("host")
+    if host != socket.gethostname():
+        state = "elsewhere"
+    else:
+        state = "alive" if isinstance(pid, int) and process_alive(pid) else "gone"
+    return Writer(pid, host, doc.get("since"), state)
+
+
+def lock_writer(lock_file: Path) -> Writer | None:
+    """The writer ``lock_file`` names; None when there is no lock (or an empty one)."""
+    try:
+        text = lock_file.read_text()
+    except FileNotFoundError:  # no lock, or one released just now
+        return None
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError as err:
+        raise BadFileError(f"{lock_file} is not JSON ({err}); the file was damaged: delete it if no process "
+                           "runs that folder") from None
+    return writer_of(doc if isinstance(doc, dict) else None)
+
+
 def live_holder(lock_file: Path) -> dict[str, Any] | None:
-    """The live process (pid, host, since) that holds ``lock_file``, or None: no lock, or a
-    stale one, whose process is gone or ran on another host (whose processes this host
-    cannot see)."""
-    holder = json.loads(lock_file.read_text() or "{}") if lock_file.is_file() else {}
-    return holder if holder.get("host") == socket.gethostname() and process_alive(holder.get("pid", -1)) else None
+    """The live process (pid, host, since) that holds ``lock_file``, or None: no lock, or
+    one whose writer is not alive on this host (``writer_of``)."""
+    writer = lock_writer(lock_file)
+    if writer is None or writer.state != "alive":
+        return None
+    return {"pid": writer.pid, "host": writer.host, "since": writer.since}
 
 
 class FolderLock:
     """A lock file that keeps a folder to one process: it names this process (pid, host,
     since) and goes when the ``with`` block ends; a stale lock (``live_holder``) is taken
-    over. A live holder is a ``RunFolderError`` that ends with ``then``: what to do once
+    over (one of another host, which this host cannot check, with a warning). A live
+    holder is a ``RunFolderError`` that ends with ``then``: what to do once
     the holder is gone. A folder the lock had to create, and nothing else wrote into, is
     removed with it."""
 
@@ -260,9 +312,13 @@ class FolderLock:
         try:
             os.link(mine, self.path)  # fails if the lock exists: of two starters, only one gets it
         except FileExistsError:
-            if holder := live_holder(self.path):
-                raise RunFolderError(f"{folder} is being run by process {holder['pid']} (since "
-                                     f"{holder.get('since')}); wait for it or stop it, then {self.then}") from None
+            writer = lock_writer(self.path)
+            if writer and writer.state == "alive":
+                raise RunFolderError(f"{folder} is being run by process {writer.pid} (since "
+                                     f"{writer.since}); wait for it or stop it, then {self.then}") from None
+            if writer and writer.state == "elsewhere":  # its process cannot be seen from here
+                log.warning("taking over %s, held by a process %s (since %s): make sure it no longer runs",
+                            self.path, writer.where, writer.since)
             os.replace(mine, self.path)  # a stale lock
         finally:
             mine.unlink(missing_ok=True)
@@ -326,7 +382,7 @@ class RunFolder:
         status = read_status(path)
         if status["status"] == "completed":
             raise RunFolderError(f"{path} holds a completed run: nothing to resume; start a new run instead")
-        if status["status"] == "running" and status.get("host") == socket.gethostname() and process_alive(status.get("pid", -1)):
+        if writer_alive(status):
             raise RunFolderError(
                 f"{path} is still being written by process {status['pid']} on this host; "
                 "stop that run first (or wait for it), then resume"
@@ -400,7 +456,8 @@ class RunFolder:
     def diagnostic(self, server_round: int, name: str, result: DiagnosticResult, seconds: float) -> None:
         if result.arrays:
             save_arrays(self.path / DIAGNOSTICS_DIR / name / round_file(server_round), result.arrays)
-        self.append({"kind": "diagnostic", "round": server_round, "name": name, "seconds": seconds, **result.metrics})
+        metrics = {record_key(k): v for k, v in result.metrics.items()}
+        self.append({"kind": "diagnostic", "round": server_round, "name": name, "seconds": seconds, **metrics})
 
     def strategy(self, server_round: int, metrics: dict[str, Any]) -> None:
         """The aggregate's MetricRecord (the strategy's own per-round figures, e.g.
@@ -499,9 +556,13 @@ class RunFolder:
 
 def writer_gone(status: dict[str, Any]) -> bool:
     """Whether a status.json says running while the process that wrote it is gone from
-    this host (another host's processes cannot be seen from here: never gone)."""
-    return (status["status"] == "running" and status.get("host") == socket.gethostname()
-            and not process_alive(status.get("pid", -1)))
+    this host (``writer_of``: another host's processes cannot be seen from here, never gone)."""
+    return status["status"] == "running" and (writer := writer_of(status)) is not None and writer.state == "gone"
+
+
+def writer_alive(status: dict[str, Any]) -> bool:
+    """Whether a status.json says running and the process that wrote it runs on this host."""
+    return status["status"] == "running" and (writer := writer_of(status)) is not None and writer.state == "alive"
 
 
 def settle_status(run_dir: str | Path, flower_status: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """A run's TensorBoard event files (``<run>/tensorboard/``), written from its declared outputs.
 
 Each round, every declared metric (``fedmech_flwr.outputs``) that the round's records
-hold becomes a scalar tagged ``RECORD/KEY`` (as a reader reads it: % and pp x 100);
+hold, and every one a plug-in records without declaring it (``outputs.undeclared``),
+becomes a scalar tagged ``RECORD/KEY`` (as a reader reads it: % and pp x 100);
 per-class values become one scalar per class under ``RECORD/KEY per class/CLASS``; and,
 since TensorBoard draws no flags, the flagged values of the round are listed in the text
 entry ``flags`` at that step. The run's config is the text entry ``config``; its plots
@@ -36,7 +37,7 @@ class EventFiles:
     def round(self, server_round: int, records: list[dict[str, Any]]) -> None:
         """The declared metrics of the records of round ``server_round`` (``RunFolder.recent``)."""
         flags = []
-        for key, metric in declared().items():
+        for key, metric in declared(records).items():  # with what plug-ins record undeclared
             found = latest(metric, records)
             if found is None:
                 continue

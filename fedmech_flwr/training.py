@@ -132,6 +132,15 @@ def local_steps(num_samples: int, cfg: TrainConfig) -> int:
     return cfg.epochs * -(-num_samples // cfg.batch_size)
 
 
+def a_norm(steps: int, momentum: float) -> float:
+    """||a_i||_1 of ``steps`` local SGD steps with heavy-ball ``momentum`` rho (FedNova's
+    normaliser, Wang et al. 2020, arXiv:2007.07481): how many gradients the steps add up
+    to, ``steps`` without momentum."""
+    if momentum == 0:
+        return float(steps)
+    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
+
+
 def train_epochs(
     model: nn.Module,
     x: torch.Tensor,

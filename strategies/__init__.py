@@ -1,16 +1,19 @@
-"""Strategy plug-ins: Flower strategies registered in ``fedmech_flwr.strategy.STRATEGIES``.
+"""Strategy plug-ins: Flower strategies registered in ``STRATEGIES``, installed as
+``fedmech_flwr.builtin.strategies``.
 
-How to add one: subclass a Flower strategy, override one step (the way Flower's FedProx
-overrides ``configure_train``), write a factory ``f(params, ctx) -> Strategy`` that passes
-``**OFFERED_NODES_ONLY``, register it with ``@STRATEGIES.register("name", ConfigCls)``
-(``pairs_with=`` when it needs a particular client, ``check=`` for rules between its
-parameters and the experiment or its data, run at validation) and import the module here. Sampling,
-failure policy and diagnostics come from the round protocol that wraps every strategy.
+How to add one: import what it needs from ``fedmech_flwr.api`` (and nothing else of
+fedmech's, nor another plug-in), subclass ``WeightedFedAvg`` or another Flower strategy,
+override one step (the way Flower's FedProx overrides ``configure_train``), write a
+factory ``f(params, ctx) -> Strategy`` that passes ``**OFFERED_NODES_ONLY``, register it
+with ``@STRATEGIES.register("name", ConfigCls)`` (``pairs_with=`` when it needs a
+particular client, ``check=`` for rules between its parameters and the experiment or its
+data, run at validation) and import the module here. Sampling, failure policy and
+diagnostics come from the round protocol that wraps every strategy.
 Work on the clients' data is a client query: register its handler in
-``fedmech_flwr.strategy.CLIENT_QUERIES`` (``class_stats`` is one).
+``CLIENT_QUERIES`` (``class_stats`` is one).
 """
 
-from strategies import (  # noqa: F401
+from . import (  # noqa: F401
     circuit_masked,
     class_stats,
     fedavg,

@@ -31,16 +31,22 @@ from typing import Literal
 import numpy as np
 from flwr.app import RecordDict
 
-from fedmech_flwr.arrays import NamedArrays, weighted_mean
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import decode_results
-from fedmech_flwr.masks import unpack_masks
-from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from fedmech_flwr.wire import REPORT_KEY
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    REPORT_KEY,
+    STRATEGIES,
+    ConfigError,
+    DataInfo,
+    ExperimentConfig,
+    FedAvgConfig,
+    NamedArrays,
+    StrategyContext,
+    WeightedFedAvg,
+    decode_results,
+    numpy_rng,
+    unpack_masks,
+    weighted_mean,
+)
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,16 @@ from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    NamedArrays,
+    StrategyContext,
+    WeightedFedAvg,
+    from_record,
+    to_record,
+)
 
 
 class FedBABU(WeightedFedAvg):

@@ -10,13 +10,22 @@ direction).
 
 from __future__ import annotations
 
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.strategy import STRATEGIES
-from strategies.fedavg import FedAvgConfig, fedavg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+)
 
 OUTPUTS = Outputs("FedDecorr (strategy)", {
     "feddecorr_loss": Metric("FedDecorr ||K||_F^2 / d^2 of the clients' features (mean)", ("feddecorr_loss",),
                              "loss", 3, better="lower"),
 }, curves=("feddecorr_loss",))
 
-STRATEGIES.register("feddecorr", FedAvgConfig, pairs_with=("feddecorr",), outputs=OUTPUTS)(fedavg)
+
+@STRATEGIES.register("feddecorr", FedAvgConfig, pairs_with=("feddecorr",), outputs=OUTPUTS)
+def feddecorr(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

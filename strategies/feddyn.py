@@ -32,18 +32,29 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, l2_norm, weighted_mean
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.run_folder import record_key
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, SENT_ACCURACY, STRATEGIES, StrategyContext
-from strategies.fedavg import WeightedFedAvg
-from strategies.scaffold import all_of, dense_only, parameter_names
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    SENT_ACCURACY,
+    STRATEGIES,
+    ConfigError,
+    DataInfo,
+    ExperimentConfig,
+    Metric,
+    NamedArrays,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+    all_of,
+    dense_only,
+    l2_norm,
+    parameter_names,
+    weighted_mean,
+)
 
 ALPHA = "feddyn-alpha"
 """The train config key alpha is sent under (the ``feddyn`` client reads it)."""
+H_NORM = "feddyn-h-norm"
+"""The strategy's metric: the L2 norm of h."""
 
 
 @dataclass
@@ -86,7 +97,7 @@ class FedDyn(WeightedFedAvg):
             h_new = h - self.alpha * moved / self.num_clients
             out[name] = (theta + moved / len(models) - h_new / self.alpha).astype(self.sent[name].dtype)
             self.h[name] = h_new.astype(h.dtype)
-        return out, {"feddyn-h-norm": l2_norm(self.h)}
+        return out, {H_NORM: l2_norm(self.h)}
 
     def state_arrays(self) -> NamedArrays:
         return {**{f"h/{k}": v for k, v in self.h.items()}, **{f"mean/{k}": v for k, v in self.mean.items()}}
@@ -111,11 +122,11 @@ def plain_sgd(params: FedDynConfig, cfg: ExperimentConfig, data: DataInfo, where
             "train.momentum=0", where)
 
 
-SENT = record_key(SENT_ACCURACY)
 OUTPUTS = Outputs("FedDyn (strategy)", {
-    "feddyn_h_norm": Metric("server state h", ("feddyn_h_norm",), "L2 norm", 4),
-    SENT: Metric("global accuracy of the corrected model theta sent to the clients", (SENT,), "%", better="higher"),
-}, curves=("feddyn_h_norm", SENT))
+    H_NORM: Metric("server state h", (H_NORM,), "L2 norm", 4),
+    SENT_ACCURACY: Metric("global accuracy of the corrected model theta sent to the clients", (SENT_ACCURACY,), "%",
+                          better="higher"),
+}, curves=(H_NORM, SENT_ACCURACY))
 
 
 @STRATEGIES.register("feddyn", FedDynConfig, pairs_with=("feddyn",), outputs=OUTPUTS,

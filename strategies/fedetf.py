@@ -31,18 +31,25 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import FedMechModel, build_model
-from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig
-from strategies.fedbabu import FedBABU
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    ConfigError,
+    DataInfo,
+    ExperimentConfig,
+    FedAvgConfig,
+    FedMechModel,
+    NamedArrays,
+    StrategyContext,
+    WeightedFedAvg,
+    build_model,
+    from_record,
+    numpy_rng,
+    to_record,
+)
 
 
 def simplex_etf(num_classes: int, dim: int, seed: int) -> np.ndarray:
@@ -68,11 +75,22 @@ def etf_head(model: FedMechModel, seed: int) -> NamedArrays:
     return head
 
 
-class FedETF(FedBABU):
-    """FedAvg of the body; every model sent and every aggregate has the ETF head."""
+class FedETF(WeightedFedAvg):
+    """FedAvg of the body; every model sent and every aggregate has the ETF head
+    ``initial_head`` (FedBABU's rule, with the ETF as the head it keeps)."""
+
+    def __init__(self, initial_head: NamedArrays, weighting: str = "examples", **kwargs) -> None:
+        super().__init__(weighting=weighting, **kwargs)
+        self.initial_head = initial_head
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         return super().configure_train(server_round, to_record({**from_record(arrays), **self.initial_head}), config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None:
+            return None, None
+        return to_record({**from_record(arrays), **self.initial_head}), metrics
 
 
 def check_fedetf(params: FedAvgConfig, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:

@@ -22,11 +22,19 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import RecordDict
 
-from fedmech_flwr.arrays import NamedArrays, weighted_mean
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
-from strategies.scaffold import parameter_names, sgd_only
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    NamedArrays,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+    parameter_names,
+    sgd_only,
+    weighted_mean,
+)
 
 A_NORM = "fednova-a-norm"
 """The metric the ``fednova`` client reports ||a_i||_1 under."""

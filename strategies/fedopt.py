@@ -45,8 +45,9 @@ What the wrapper adds, and nothing more:
   before Flower's step, which then leaves the mean there and its state at 0: the states
   never accumulate what pruning or a buffer's average moved.
 
-Flower's ``eta_l`` (the clients' learning rate in the paper) is kept as Flower's argument:
-Flower only logs it; the clients train with ``train.lr``.
+Flower's ``eta_l`` (the clients' learning rate in the paper) is not a parameter here: Flower
+only logs it (at its default), and the clients train with ``train.lr``, so ``strategy.eta_l``
+is refused as an unknown key rather than accepted and ignored.
 """
 
 from __future__ import annotations
@@ -58,18 +59,27 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from fedmech_flwr.arrays import NamedArrays, cast, from_record, l2_norm, to_record
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.run_folder import record_key
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
-from strategies.scaffold import parameter_names
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    NamedArrays,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+    cast,
+    from_record,
+    l2_norm,
+    parameter_names,
+    to_record,
+)
 
 UPDATE_NORM = "fedopt-update-norm"
 
 OUTPUTS = Outputs("Server optimiser (strategy)", {
-    record_key(UPDATE_NORM): Metric("server step ||x_{t+1} - x_t||", (record_key(UPDATE_NORM),), "L2", 3),
-}, curves=(record_key(UPDATE_NORM),))
+    UPDATE_NORM: Metric("server step ||x_{t+1} - x_t||", (UPDATE_NORM,), "L2", 3),
+}, curves=(UPDATE_NORM,))
 """One declaration, shared by the four strategies here (one key, one meaning)."""
 
 
@@ -79,8 +89,6 @@ class FedAdamConfig(FedAvgConfig):
 
     eta: float = field(default=1e-1, metadata={"gt": 0.0})
     """Server learning rate."""
-    eta_l: float = field(default=1e-1, metadata={"gt": 0.0})
-    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
     beta_1: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
     """First-moment (momentum) decay."""
     beta_2: float = field(default=0.99, metadata={"ge": 0.0, "lt": 1.0})
@@ -95,8 +103,6 @@ class FedYogiConfig(FedAdamConfig):
 
     eta: float = field(default=1e-2, metadata={"gt": 0.0})
     """Server learning rate."""
-    eta_l: float = field(default=0.0316, metadata={"gt": 0.0})
-    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
 
 
 @dataclass
@@ -105,8 +111,6 @@ class FedAdagradConfig(FedAvgConfig):
 
     eta: float = field(default=1e-1, metadata={"gt": 0.0})
     """Server learning rate."""
-    eta_l: float = field(default=1e-1, metadata={"gt": 0.0})
-    """Flower's client learning rate: logged only; the clients use ``train.lr``."""
     tau: float = field(default=1e-3, metadata={"gt": 0.0})
     """Adaptivity: added to sqrt(v_t) in the denominator."""
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 from flwr.serverapp.strategy import FedProx
 
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
 
 
 @dataclass

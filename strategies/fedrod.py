@@ -9,13 +9,18 @@ evaluates is the body with the generic head.
 
 from __future__ import annotations
 
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.run_folder import record_key
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+)
 
-KEY = record_key("fedrod-personal-accuracy")
-"""The metric the ``fedrod`` client sends, as records write it."""
+KEY = "fedrod-personal-accuracy"
+"""The metric the ``fedrod`` client sends (declared as sent: ``Outputs`` applies the records' key rule)."""
 OUTPUTS = Outputs("FedRoD (strategy)", {
     KEY: Metric("personalised accuracy on the clients' own data (last local epoch)", (KEY,), "%", better="higher"),
 }, curves=(KEY,))

@@ -9,7 +9,9 @@ client that would silently train plain FedAvg.
 
 from __future__ import annotations
 
-from fedmech_flwr.strategy import STRATEGIES
-from strategies.fedavg import FedAvgConfig, fedavg
+from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
 
-STRATEGIES.register("fedrs", FedAvgConfig, pairs_with=("fedrs",))(fedavg)
+
+@STRATEGIES.register("fedrs", FedAvgConfig, pairs_with=("fedrs",))
+def fedrs(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

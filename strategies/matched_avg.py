@@ -36,14 +36,23 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, from_record, weighted_mean
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import ChannelGroup, FedMechModel, build_model
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from fedmech_flwr.typed import join_key
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    ChannelGroup,
+    ConfigError,
+    DataInfo,
+    ExperimentConfig,
+    FedAvgConfig,
+    FedMechModel,
+    NamedArrays,
+    StrategyContext,
+    WeightedFedAvg,
+    build_model,
+    from_record,
+    join_key,
+    weighted_mean,
+)
 
 log = logging.getLogger(__name__)
 

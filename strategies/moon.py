@@ -10,9 +10,15 @@ model, in its first round, leaves the term out).
 
 from __future__ import annotations
 
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.strategy import STRATEGIES
-from strategies.fedavg import FedAvgConfig, fedavg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+)
 
 OUTPUTS = Outputs("MOON (strategy)", {
     "moon_contrastive_loss": Metric("MOON contrastive loss l_con (clients' mean)", ("moon_contrastive_loss",),
@@ -21,4 +27,7 @@ OUTPUTS = Outputs("MOON (strategy)", {
                               ("moon_contrasted",), "%"),
 }, curves=("moon_contrastive_loss", "moon_contrasted"))
 
-STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)(fedavg)
+
+@STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)
+def moon(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

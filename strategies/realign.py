@@ -10,8 +10,8 @@ it replaces the head of the aggregate; the next round starts from that model.
   rest of the audit set. Server data: the audit set. Client: any.
 - ``ncm``: the nearest-class-mean head from the clients' per-class feature means of the
   new aggregate. Server data: none. Client: any (every ClientApp answers
-  ``query.class_stats``, see ``strategies.class_stats``; one extra round trip per
-  realignment).
+  ``query.class_stats``, which the ``class_stats`` plug-in registers; one extra round trip
+  per realignment).
 - ``ccvr``: Classifier Calibration with Virtual Representations (Luo et al. 2021,
   arXiv:2106.05001): retrain the head on features sampled from class Gaussians built from
   the clients' means and covariances. Server data: none. Client: any (as ``ncm``).
@@ -28,31 +28,61 @@ from dataclasses import dataclass, field
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import from_record, model_arrays, to_record
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.heads import (
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    ClassStats,
     Covariance,
+    DataInfo,
+    ExperimentConfig,
+    FedAvgConfig,
+    FedMechModel,
     LinearHead,
     LinearTrainConfig,
+    StrategyContext,
+    WeightedFedAvg,
     balanced_split,
     best_epoch,
     ccvr_head,
     ccvr_train_config,
     features,
+    from_record,
     head_set_per_class,
+    join_key,
+    model_arrays,
     ncm_head,
+    query_nodes,
     tau_normalize,
+    to_record,
+    torch_generator,
     train_linear,
 )
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.seeds import torch_generator
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from fedmech_flwr.typed import join_key
-from strategies.class_stats import request_class_stats
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
 
 log = logging.getLogger(__name__)
+
+CLASS_STATS_QUERY = "class_stats"
+"""The client query that answers with a client's per-class feature statistics (the
+``class_stats`` plug-in registers its handler in ``CLIENT_QUERIES``)."""
+
+
+def request_class_stats(
+    grid: Grid, node_ids: Iterable[int], arrays: ArrayRecord, config: ConfigRecord, covariance: Covariance, timeout: float
+) -> ClassStats:
+    """Ask nodes for per-class statistics of ``arrays``' penultimate features on their own
+    data (``query.class_stats``); return the statistics summed over the nodes that answered
+    (failures are logged). ``config`` must carry the experiment and the round (the train
+    config does)."""
+    query = ConfigRecord({**dict(config), "covariance": covariance})
+    parts, failed = [], []
+    for reply in query_nodes(grid, node_ids, CLASS_STATS_QUERY, arrays, query, timeout):
+        if reply.has_error():
+            failed.append(reply.metadata.src_node_id)
+            log.warning("node %d sent no class statistics: %s", reply.metadata.src_node_id, reply.error.reason)
+            continue
+        parts.append(ClassStats.from_arrays(from_record(reply.content["stats"])))
+    if not parts:
+        raise RuntimeError(f"no node returned class statistics (failed: {failed})")
+    return ClassStats.sum(parts)
 
 
 @dataclass

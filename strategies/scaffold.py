@@ -26,70 +26,44 @@ support. Its metric is ``scaffold-control-norm``, the L2 norm of c.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.arrays import NamedArrays, l2_norm, to_record, weighted_mean
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, uploaded
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    Metric,
+    NamedArrays,
+    Outputs,
+    StrategyContext,
+    WeightedFedAvg,
+    all_of,
+    dense_only,
+    l2_norm,
+    parameter_names,
+    sgd_only,
+    to_record,
+    uploaded,
+    weighted_mean,
+)
 
 CONTROL = "scaffold-c"
 """The train message's ArrayRecord holding c (the ``scaffold`` client reads it)."""
 DELTA_CONTROL = "scaffold-delta-c"
 """What the ``scaffold`` client uploads: c_i+ - c_i, by parameter name."""
+CONTROL_NORM = "scaffold-control-norm"
+"""The strategy's metric: the L2 norm of c."""
 
 
 @dataclass
 class ScaffoldConfig(FedAvgConfig):
     server_lr: float = field(default=1.0, metadata={"gt": 0.0})
     """eta_g, the server's step along the clients' mean update; 1 (the paper's) takes the mean."""
-
-
-Check = Callable[[object, ExperimentConfig, DataInfo, str], None]
-"""A registration's ``check(params, cfg, data, where)``."""
-
-
-def sgd_only(method: str, why: str) -> Check:
-    """A ``check`` refusing any local optimizer but SGD: ``method`` ``why`` (the reason)."""
-    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
-        if cfg.train.optimizer != "sgd":
-            raise ConfigError(f"{method} {why}, but train.optimizer is {cfg.train.optimizer}; set train.optimizer=sgd",
-                              where)
-    return check
-
-
-def dense_only(method: str, state: str) -> Check:
-    """A ``check`` refusing magnitude pruning: ``method`` updates its ``state`` from the
-    clients' moves, which would count the weights the pruner zeroed as training steps."""
-    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
-        if cfg.pruning.mode != "dense":
-            raise ConfigError(f"{method} updates {state} from the clients' moves (trained minus sent weights), which "
-                              f"with pruning.mode={cfg.pruning.mode} count the weights the pruner set to 0 as steps of "
-                              "local training (the paper defines no such state on a pruned support); "
-                              "set pruning.mode=dense", where)
-    return check
-
-
-def all_of(*checks: Check) -> Check:
-    """One ``check`` that runs ``checks`` in turn."""
-    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
-        for one in checks:
-            one(params, cfg, data, where)
-    return check
-
-
-def parameter_names(ctx: StrategyContext) -> list[str]:
-    """The model's float parameters (``named_parameters``), which carry the methods' states;
-    buffers do not."""
-    return [name for name, _ in ctx.build_model(ctx.initial).named_parameters()]
 
 
 class Scaffold(WeightedFedAvg):
@@ -118,7 +92,7 @@ class Scaffold(WeightedFedAvg):
             return None, None
         self.control = {name: (c + sum(d[name].astype(np.float64) for d in deltas) / self.num_clients).astype(c.dtype)
                         for name, c in self.control.items()}
-        metrics["scaffold-control-norm"] = l2_norm(self.control)
+        metrics[CONTROL_NORM] = l2_norm(self.control)
         return arrays, metrics
 
     def average(self, server_round: int, contents: list[RecordDict], models: list[NamedArrays],
@@ -140,8 +114,8 @@ class Scaffold(WeightedFedAvg):
 
 
 OUTPUTS = Outputs("SCAFFOLD (strategy)", {
-    "scaffold_control_norm": Metric("server control variate c", ("scaffold_control_norm",), "L2 norm", 4),
-}, curves=("scaffold_control_norm",))
+    CONTROL_NORM: Metric("server control variate c", (CONTROL_NORM,), "L2 norm", 4),
+}, curves=(CONTROL_NORM,))
 
 
 @STRATEGIES.register("scaffold", ScaffoldConfig, pairs_with=("scaffold",), outputs=OUTPUTS,

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, weighted_mean
+from fedmech_flwr.builtin.strategies.circuit_masked import CircuitMaskedConfig, channel_weights, check_circuit_masked_avg, circuit_channels
+from fedmech_flwr.builtin.strategies.matched_avg import MatchedAvgConfig, check_matched_avg, permute
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import encode_results
@@ -19,8 +21,6 @@ from fedmech_flwr.masks import pack_masks
 from fedmech_flwr.models import build_model, wrap_module
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.wire import REPORT_KEY
-from strategies.circuit_masked import CircuitMaskedConfig, channel_weights, check_circuit_masked_avg, circuit_channels
-from strategies.matched_avg import MatchedAvgConfig, check_matched_avg, permute
 
 EXAMPLES = [10, 30, 60]
 SHAPE = {"in_channels": 1, "num_classes": 3, "image_size": 16}
@@ -132,7 +132,7 @@ def test_a_model_and_its_permuted_copy_average_back_to_the_model(kind, similarit
 
 @pytest.mark.parametrize("kind", ["simple_cnn", "resnet10", "wrapped_chain"])
 def test_matching_leaves_each_clients_function_unchanged(kind, messages, monkeypatch):
-    import strategies.matched_avg as matched
+    import fedmech_flwr.builtin.strategies.matched_avg as matched
 
     reference, client = random_arrays(kind, 0), random_arrays(kind, 5)
     groups = make_model(kind).permutation_groups()

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diagnostics.circuits.ablation import ablate, ablation_report, channel_means, without_channels
-from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
-from diagnostics.circuits.discovery import discover_circuits, discover_one_class
-from diagnostics.circuits.gates import GateConfig, gated, ste_gate
-from diagnostics.circuits.metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty, layer_iou
 from fedmech_flwr.arrays import model_arrays
+from fedmech_flwr.builtin.diagnostics.circuits.ablation import ablate, ablation_report, channel_means, without_channels
+from fedmech_flwr.builtin.diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
+from fedmech_flwr.builtin.diagnostics.circuits.discovery import discover_circuits, discover_one_class
+from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig, gated, ste_gate
+from fedmech_flwr.builtin.diagnostics.circuits.metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty, layer_iou
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.masks import pack_masks, unpack_masks
@@ -332,7 +332,7 @@ def test_a_model_that_predicts_one_class_is_flagged(caplog):
         model.head.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))  # always class 2
     circuit = {"conv": np.array([False, True, False, False])}
     diag = Circuits(CircuitsConfig(ablations=["cross"], ablation_samples=90))
-    with caplog.at_level("INFO", logger="diagnostics.circuits.diagnostic"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.builtin.diagnostics.circuits.diagnostic"):
         record = diag.server_side(one_client_state(model, {2: circuit}, {2: circuit})).metrics
     assert record["predictions"]["global"] == {"max_predicted_class": 2, "max_predicted_fraction": 1.0}
     assert record["ablation"]["cross"]["2"]["degenerate_sufficiency"] == 1

@@ -13,11 +13,11 @@ import torch
 from flwr.app import ConfigRecord
 
 from conftest import as_killed, assert_same_run
-from diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from faults import Fault, SimulatedCrash, faulty_app
 from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.arrays import load_arrays, model_arrays
+from fedmech_flwr.builtin.diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.hooks import ClientUpdate, RoundState, decode_results, encode_results

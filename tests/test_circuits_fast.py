@@ -9,16 +9,16 @@ import pytest
 import torch
 from test_circuits import OneConv, channels, no_hooks, one_hot_data, state_hash
 
-from diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
-from diagnostics.circuits.discovery import learn_circuits, mask_logits
-from diagnostics.circuits.gates import GateConfig, channel_view, gated, patched, ste_gate
+from fedmech_flwr.builtin.diagnostics.circuits.ablation import MODES, ablate, ablation_reports, channel_means, random_like
+from fedmech_flwr.builtin.diagnostics.circuits.discovery import learn_circuits, mask_logits
+from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig, channel_view, gated, patched, ste_gate
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import GroupedForward
 
 
 def per_combination(model, x, y, cls, mask, rnd, means, position):
     """The report's scores, one ``ablate`` pass per (circuit or random, mode, fill)."""
-    from diagnostics.circuits.ablation import _scores, predict
+    from fedmech_flwr.builtin.diagnostics.circuits.ablation import _scores, predict
 
     n = model.num_classes
     out = {"baseline": _scores(predict(model, x), y, cls, n)}

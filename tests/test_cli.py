@@ -1,8 +1,8 @@
-"""The ``fedmech`` CLI (validate, plot, exit codes) and the plug-in import boundary."""
+"""The ``fedmech`` CLI (validate, plot, exit codes); the plug-in import boundary is
+``test_import_graph.py``'s."""
 
 from __future__ import annotations
 
-import ast
 import re
 import shutil
 import subprocess
@@ -13,8 +13,6 @@ import pytest
 
 from conftest import REPO
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
-
-PLUGIN_PACKAGES = ("clients", "strategies", "diagnostics")
 
 
 # --- validate ---------------------------------------------------------------------------
@@ -276,58 +274,6 @@ def test_unknown_command_exits_nonzero():
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
-
-
-# --- plug-in boundary -------------------------------------------------------------------
-
-def imported_top_levels(path: Path) -> set[str]:
-    """Top-level package names a module imports (absolute imports only)."""
-    tree = ast.parse(path.read_text(), str(path))
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def test_core_never_imports_plugins():
-    core = sorted((REPO / "fedmech_flwr").rglob("*.py"))
-    assert len(core) > 15 and REPO / "fedmech_flwr" / "plugins.py" in core
-    offenders = {
-        str(path.relative_to(REPO)): sorted(imported_top_levels(path) & set(PLUGIN_PACKAGES))
-        for path in core
-        if path.name != "plugins.py" or path.parent.name != "fedmech_flwr"
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
-def test_composition_root_names_every_plugin_package():
-    from fedmech_flwr import plugins
-
-    assert plugins.PLUGIN_PACKAGES == PLUGIN_PACKAGES
-    for package in PLUGIN_PACKAGES:
-        assert (REPO / package / "__init__.py").is_file()
-
-
-@pytest.mark.parametrize("package", PLUGIN_PACKAGES)
-def test_plugin_packages_import_only_the_core(package):
-    others = set(PLUGIN_PACKAGES) - {package}
-    files = sorted((REPO / package).rglob("*.py"))
-    assert files
-    uses_core = False
-    for path in files:
-        imported = imported_top_levels(path)
-        assert not imported & others, f"{path.relative_to(REPO)} imports {sorted(imported & others)}"
-        uses_core |= "fedmech_flwr" in imported
-    assert uses_core  # plug-ins register through the core's registries
-
-
-def test_boundary_check_detects_a_violation(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("import numpy as np\nfrom strategies.fedavg import fedavg\nfrom . import x\n")
-    assert imported_top_levels(bad) == {"numpy", "strategies"}
 
 
 # --- fedmech run: the run config handed to ``flwr run --run-config`` --------------------

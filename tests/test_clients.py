@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.fedbabu import FedBABUClient
-from clients.fedlc import FedLCClient, FedLCConfig
-from clients.proximal import ProximalClient
 from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.builtin.clients.fedbabu import FedBABUClient
+from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
+from fedmech_flwr.builtin.clients.proximal import ProximalClient
 from fedmech_flwr.client import ClientData
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig

@@ -14,12 +14,16 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message
 
-from clients.feddyn import ALPHA, FedDynClient
-from clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
-from clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import train_replies
 from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, pack, to_record
+from fedmech_flwr.builtin.clients.feddyn import ALPHA, FedDynClient
+from fedmech_flwr.builtin.clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
+from fedmech_flwr.builtin.clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
+from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
+from fedmech_flwr.builtin.strategies.feddyn import FedDyn
+from fedmech_flwr.builtin.strategies.fednova import FedNova
+from fedmech_flwr.builtin.strategies.scaffold import Scaffold
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
@@ -27,10 +31,6 @@ from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
-from strategies.fedavg import WeightedFedAvg
-from strategies.feddyn import FedDyn
-from strategies.fednova import FedNova
-from strategies.scaffold import Scaffold
 
 # --- clients ------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedmech_flwr.arrays import from_record, load_arrays, save_arrays, weighted_mean
+from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig, WeightedFedAvg, fedavg
 from fedmech_flwr.strategy import STRATEGIES
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg, fedavg
 
 NUM_EXAMPLES = [10, 30, 60]
 
@@ -54,12 +54,12 @@ def test_uniform_weighting_equals_plain_mean(replies):
 
 
 def test_start_up_log_says_how_the_average_is_weighted(caplog):
-    with caplog.at_level("INFO", logger="strategies.fedavg"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
         WeightedFedAvg(weighting="uniform").summary()
     assert "model weights uniform (1 per client); train metrics weighted by 'num-examples'" in caplog.text
     assert "Weighted by" not in caplog.text  # Flower's line, true only of examples weighting
     caplog.clear()
-    with caplog.at_level("INFO", logger="strategies.fedavg"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
         WeightedFedAvg(weighting="examples").summary()
     assert "model weights weighted by 'num-examples'" in caplog.text
 
@@ -68,7 +68,7 @@ def test_start_up_log_says_how_the_average_is_weighted(caplog):
             return models[0], {}
 
     caplog.clear()
-    with caplog.at_level("INFO", logger="strategies.fedavg"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
         Median().summary()
     assert "model weights Median.average;" in caplog.text
 

@@ -16,18 +16,19 @@ from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from clients.fedrod import FedRoDClient, FedRoDConfig
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process, train_replies
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, to_record
+from fedmech_flwr.builtin.clients.fedrod import FedRoDClient, FedRoDConfig
+from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
+from fedmech_flwr.builtin.strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
 from fedmech_flwr.client import ClientData
+from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
 from fedmech_flwr.strategy import STRATEGIES
 from fedmech_flwr.training import TrainConfig
-from strategies.fedavg import WeightedFedAvg
-from strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
 
 # --- FedRoD's client ----------------------------------------------------------------------
 
@@ -320,6 +321,18 @@ def test_configs_hold_flowers_arguments_and_defaults(name, flower):
     strategy = entry.factory(entry.config_cls(weighting="uniform"), _ctx())
     assert isinstance(strategy, flower) and strategy.weighting == "uniform"
     assert strategy.fraction_train == 1.0 and strategy.fraction_evaluate == 0.0 and strategy.min_train_nodes == 1
+    assert "eta_l" not in ours  # Flower's client learning rate, only logged: refused (below), Flower's default kept
+    if "eta_l" in theirs:
+        assert strategy.eta_l == theirs["eta_l"].default
+
+
+@pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
+def test_flowers_unused_client_learning_rate_is_refused(name):
+    """Flower only logs ``eta_l``; the clients train with ``train.lr``: accepting it would
+    let a user believe it set their learning rate."""
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['eta_l'\]; .*allowed keys: ") as err:
+        smoke_config([f"strategy={{name: {name}, eta_l: 0.01}}"])
+    assert err.value.where.endswith("strategy"), err.value.where
 
 
 # --- runs ------------------------------------------------------------------------------------

@@ -1,34 +1,148 @@
-"""The core's modules import each other without a circle, lazy imports included, and a
-ClientApp imports nothing that only the server uses."""
+"""The import graph of the whole installed tree: the core's modules import each other
+without a circle, lazy imports included, in layers that point one way; the core imports no
+plug-in (only the plug-in loader names them); a plug-in imports nothing of fedmech's but
+``fedmech_flwr.api`` (neither the app nor the tools, nor another plug-in, nor another core
+module); each rule fails on a planted violation; and a ClientApp imports nothing that only
+the server uses.
+
+The tree is read as ``pyproject.toml`` installs it (``[tool.setuptools] packages`` and
+``package-dir``): the built-in plug-ins under ``fedmech_flwr.builtin``."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO
 
-CORE = REPO / "fedmech_flwr"
+BUILTIN = "fedmech_flwr.builtin"
+OLD_NAMES = ("clients", "strategies", "diagnostics")
+"""The built-in plug-in packages' top-level names before they moved under ``fedmech_flwr.builtin``."""
+LOADER = "fedmech_flwr.plugins"
+"""The one core module that names the built-in plug-in packages (it imports them by name)."""
+DEPRECATED = {"fedmech_flwr.flower": {"fedmech_flwr.app.flower"}}
+"""Old public paths kept for one release, each importing only its new home."""
 
 
-def core_imports() -> dict[str, set[str]]:
-    """Module -> the core modules it imports anywhere in its source (top level, in a
-    function, or under TYPE_CHECKING)."""
-    def name(path: Path) -> str:
-        return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+# --- reading the tree --------------------------------------------------------------------
 
-    graph = {name(p): set() for p in CORE.rglob("*.py")}
-    for path in CORE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:  # a submodule by name, else the module
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in graph else node.module
-                           for a in node.names]
-            else:
-                targets = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            graph[name(path)] |= {t for t in targets if t in graph}
+def installed_packages(root: Path) -> dict[str, Path]:
+    """Package name -> its folder, as ``root/pyproject.toml`` installs them."""
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapped = setuptools.get("package-dir", {})
+
+    def folder(package: str) -> Path:
+        best = max((p for p in mapped if package == p or package.startswith(p + ".")), key=len, default=None)
+        if best is None:
+            return root.joinpath(*package.split("."))
+        return root / mapped[best] / Path(*package[len(best):].strip(".").split(".") if package != best else ())
+
+    return {package: folder(package) for package in setuptools["packages"]}
+
+
+def modules_of(packages: dict[str, Path]) -> dict[str, Path]:
+    """Module name -> file of every module of the packages (a package is its ``__init__``)."""
+    modules = {}
+    for package, folder in packages.items():
+        for path in folder.glob("*.py"):
+            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return modules
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> every module it imports, anywhere in its source (top level, in a function,
+    under TYPE_CHECKING), relative imports resolved; a name imported from a package is the
+    submodule where one of that name exists."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.stem == "__init__" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*parent, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[module] = targets
     return graph
+
+
+def is_plugin(module: str) -> bool:
+    return module.startswith(BUILTIN + ".")
+
+
+def is_fedmech(module: str) -> bool:
+    """A module of this project: the core, a built-in plug-in, or an old top-level plug-in name."""
+    return module.split(".")[0] in ("fedmech_flwr", *OLD_NAMES)
+
+
+def plugin_unit(module: str) -> str:
+    """The plug-in a built-in module belongs to: ``fedmech_flwr.builtin.strategies.fedavg``,
+    ``fedmech_flwr.builtin.diagnostics.circuits`` (a package is one plug-in), or the plug-in
+    package itself for its ``__init__`` (which lists its plug-ins)."""
+    return ".".join(module.split(".")[:4])
+
+
+def core_layer(module: str) -> str:
+    """``core``, ``app`` (what runs inside Flower) or ``tools`` (what runs around it)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("app", "tools") else "core"
+
+
+ALLOWED = {"core": {"core"}, "app": {"core", "app"}, "tools": {"core", "app", "tools"}}
+"""Which layers a layer may import: the arrows go one way."""
+
+
+# --- the rules -----------------------------------------------------------------------------
+
+def core_violations(graph: dict[str, set[str]]) -> list[str]:
+    """A core module that imports a built-in plug-in (by its name or its old top-level one),
+    or imports across the layers the wrong way."""
+    wrong = []
+    for module, targets in graph.items():
+        if is_plugin(module):
+            continue
+        for target in sorted(targets):
+            if is_plugin(target) or target.split(".")[0] in OLD_NAMES:
+                wrong.append(f"{module} -> {target}: the core imports a plug-in (only {LOADER} loads them, by name)")
+            elif (target in graph and not is_plugin(target) and core_layer(target) not in ALLOWED[core_layer(module)]
+                  and target not in DEPRECATED.get(module, ())):
+                wrong.append(f"{module} -> {target}: {core_layer(module)} imports {core_layer(target)}")
+    return sorted(wrong)
+
+
+def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
+    """A built-in plug-in module that imports anything of fedmech's but ``fedmech_flwr.api``
+    and its own plug-in's modules (a plug-in package's ``__init__``: the plug-ins it lists)."""
+    wrong = []
+    for module, targets in graph.items():
+        if not is_plugin(module):
+            continue
+        unit = plugin_unit(module)
+        for target in sorted(t for t in targets if is_fedmech(t)):
+            if target == "fedmech_flwr.api" or plugin_unit(target) == unit:
+                continue
+            if module.count(".") == 2 and target.startswith(module + "."):  # a plug-in package's list
+                continue
+            if target.split(".")[0] in OLD_NAMES:
+                why = "a plug-in by its old top-level name"
+            elif is_plugin(target):
+                why = "another plug-in (go through fedmech_flwr.api: a registry, decode_results)"
+            elif core_layer(target) in ("app", "tools"):
+                why = f"fedmech_flwr.{core_layer(target)}"
+            else:
+                why = "a core module other than fedmech_flwr.api"
+            wrong.append(f"{module} -> {target}: {why}")
+    return sorted(wrong)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -39,7 +153,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(module: str) -> list[str] | None:
         state[module] = "open"
         path.append(module)
-        for dep in sorted(graph[module]):
+        for dep in sorted(d for d in graph[module] if d in graph):
             if state.get(dep) == "open":
                 return path[path.index(dep):] + [dep]
             if dep not in state and (cycle := visit(dep)):
@@ -54,33 +168,171 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(modules_of(installed_packages(REPO)))
+
+
+# --- the installed tree holds the rules ------------------------------------------------------
+
+def test_the_tree_is_read_as_installed(graph):
+    assert "fedmech_flwr.config" in graph and graph["fedmech_flwr.config"]
+    assert f"{BUILTIN}.strategies.fedavg" in graph and f"{BUILTIN}.diagnostics.circuits.gates" in graph
+    assert graph[f"{BUILTIN}.diagnostics.circuits.diagnostic"] >= {"fedmech_flwr.api",
+                                                                   f"{BUILTIN}.diagnostics.circuits.gates"}
+    assert {core_layer(m) for m in graph if not is_plugin(m)} == {"core", "app", "tools"}
+
+
+def uninstalled_folders(root: Path) -> list[Path]:
+    """Package folders (with an ``__init__.py``) under the core and the built-in plug-in
+    packages that ``root/pyproject.toml`` does not list: an install would leave them out."""
+    packages = installed_packages(root)
+    roots = [packages["fedmech_flwr"], *(packages[p] for p in packages if p.count(".") == 2 and is_plugin(p))]
+    listed = {folder.resolve() for folder in packages.values()}
+    return sorted({init.parent.resolve() for r in roots for init in r.rglob("__init__.py")} - listed)
+
+
+def test_every_package_folder_is_installed():
+    assert uninstalled_folders(REPO) == []
+
+
+def test_the_core_has_no_import_cycle(graph):
+    core = {m: {t for t in ts if t in graph and not is_plugin(t)} for m, ts in graph.items() if not is_plugin(m)}
+    assert find_cycle(core) is None, " -> ".join(find_cycle(core))
+
+
+def test_the_core_imports_no_plugin_and_its_layers_import_one_way(graph):
+    assert core_violations(graph) == []
+
+
+def test_plugins_import_only_the_api_and_their_own_modules(graph):
+    assert plugin_violations(graph) == []
+    assert sum("fedmech_flwr.api" in targets for m, targets in graph.items() if is_plugin(m)) > 30  # read
+
+
+def named_strings(path: Path) -> set[str]:
+    """The string constants of a module's code (its docstrings left out)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+
+
+def test_only_the_loader_names_the_builtin_plugin_packages():
+    """No core module but the loader spells a built-in plug-in package's name; the loader
+    imports exactly the installed ones, from their folders at the top of the repository."""
+    from fedmech_flwr import plugins
+
+    names = {f"{BUILTIN}.{name}" for name in OLD_NAMES}
+    spelled = sorted(str(path.relative_to(REPO)) for path in (REPO / "fedmech_flwr").rglob("*.py")
+                     if path.name != "plugins.py"
+                     and any(text == name or text.startswith(name + ".") for text in named_strings(path)
+                             for name in names))
+    assert spelled == []
+    assert set(plugins.PLUGIN_PACKAGES) == names
+    for name in OLD_NAMES:
+        assert (REPO / name / "__init__.py").is_file()
+
+
 def test_find_cycle_finds_a_known_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_core_has_no_import_cycle():
-    graph = core_imports()
-    assert "fedmech_flwr.config" in graph and graph["fedmech_flwr.config"]  # the graph was read
-    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+# --- each rule fails on a planted violation --------------------------------------------------
+
+PLANTED = {
+    "pyproject.toml": """
+[tool.setuptools]
+packages = ["fedmech_flwr", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_flwr.builtin",
+            "fedmech_flwr.builtin.strategies", "fedmech_flwr.builtin.diagnostics",
+            "fedmech_flwr.builtin.diagnostics.probe"]
+
+[tool.setuptools.package-dir]
+"fedmech_flwr.builtin.strategies" = "strategies"
+"fedmech_flwr.builtin.diagnostics" = "diagnostics"
+""",
+    "fedmech_flwr/__init__.py": "",
+    "fedmech_flwr/api.py": "from fedmech_flwr.registry import Registry\n",
+    "fedmech_flwr/registry.py": "class Registry: ...\n",
+    "fedmech_flwr/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
+    "fedmech_flwr/hooks.py": "import strategies.mean  # the same, by the old name\n",
+    "fedmech_flwr/stats.py": "from fedmech_flwr.tools import cli  # the core on the tools\n",
+    "fedmech_flwr/plugins.py": "import importlib\n",
+    "fedmech_flwr/builtin/__init__.py": "",
+    "fedmech_flwr/app/__init__.py": "",
+    "fedmech_flwr/app/run.py": "from fedmech_flwr.api import Registry\n",
+    "fedmech_flwr/tools/__init__.py": "",
+    "fedmech_flwr/tools/cli.py": "from fedmech_flwr.app import run\n",
+    "strategies/__init__.py": "from . import mean, median  # its list: allowed\n",
+    "strategies/mean.py": "import numpy as np\n\nfrom fedmech_flwr.api import Registry  # allowed\n",
+    "strategies/median.py": ("from fedmech_flwr.app.run import Registry\n"
+                             "from fedmech_flwr.registry import Registry\n"
+                             "from .mean import np\n"
+                             "from strategies import mean\n"
+                             "def plot():\n    from fedmech_flwr.tools.cli import run\n"),
+    "diagnostics/__init__.py": "from .probe import core  # its list: allowed\n",
+    "diagnostics/probe/__init__.py": "",
+    "diagnostics/probe/core.py": "from . import heads  # its own package: allowed\nfrom ..probe.heads import x\n",
+    "diagnostics/probe/heads.py": "from fedmech_flwr.api import Registry\nfrom ...strategies import mean\nx = 1\n",
+}
 
 
-def layer(module: str) -> str:
-    """``core``, ``app`` (what runs inside Flower) or ``tools`` (what runs around it)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in ("app", "tools") else "core"
+@pytest.fixture
+def planted(tmp_path) -> dict[str, set[str]]:
+    for name, text in PLANTED.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return import_graph(modules_of(installed_packages(tmp_path)))
 
 
-ALLOWED = {"core": {"core"}, "app": {"core", "app"}, "tools": {"core", "app", "tools"}}
-"""Which layers a layer may import: the arrows go one way."""
+def test_the_planted_tree_is_read_with_relative_imports_resolved(planted):
+    assert planted[f"{BUILTIN}.diagnostics.probe.core"] == {f"{BUILTIN}.diagnostics.probe.heads"}
+    assert planted[f"{BUILTIN}.diagnostics.probe.heads"] == {"fedmech_flwr.api", f"{BUILTIN}.strategies.mean"}
+    assert planted[f"{BUILTIN}.strategies"] == {f"{BUILTIN}.strategies.mean", f"{BUILTIN}.strategies.median"}
 
 
-def test_the_layers_import_one_way():
-    graph = core_imports()
-    assert {layer(m) for m in graph} == {"core", "app", "tools"}  # the layout was read
-    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) not in ALLOWED[layer(m)])
-    assert wrong == []
+def test_a_core_module_importing_a_plugin_or_a_higher_layer_is_caught(planted):
+    assert core_violations(planted) == [
+        f"fedmech_flwr.config -> {BUILTIN}.strategies.mean: the core imports a plug-in (only {LOADER} loads them, "
+        "by name)",
+        f"fedmech_flwr.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, by name)",
+        "fedmech_flwr.stats -> fedmech_flwr.tools.cli: core imports tools",
+    ]
 
+
+def test_a_plugin_importing_the_app_the_tools_the_core_or_another_plugin_is_caught(planted):
+    median = f"{BUILTIN}.strategies.median"
+    assert plugin_violations(planted) == [
+        f"{BUILTIN}.diagnostics.probe.heads -> {BUILTIN}.strategies.mean: another plug-in (go through "
+        "fedmech_flwr.api: a registry, decode_results)",
+        f"{median} -> fedmech_flwr.app.run: fedmech_flwr.app",
+        f"{median} -> {BUILTIN}.strategies.mean: another plug-in (go through fedmech_flwr.api: a registry, "
+        "decode_results)",
+        f"{median} -> fedmech_flwr.registry: a core module other than fedmech_flwr.api",
+        f"{median} -> fedmech_flwr.tools.cli: fedmech_flwr.tools",
+        f"{median} -> strategies: a plug-in by its old top-level name",
+    ]
+
+
+def test_an_uninstalled_package_folder_is_caught(planted, tmp_path):
+    assert uninstalled_folders(tmp_path) == []
+    (tmp_path / "strategies" / "robust").mkdir()
+    (tmp_path / "strategies" / "robust" / "__init__.py").write_text("")
+    assert uninstalled_folders(tmp_path) == [(tmp_path / "strategies" / "robust").resolve()]
+
+
+def test_a_plugin_package_named_in_code_is_caught_and_one_named_in_a_docstring_is_not(tmp_path):
+    module = tmp_path / "loader.py"
+    module.write_text('''"""Loads fedmech_flwr.builtin.strategies."""\nimport importlib\n\n\ndef load():\n'''
+                      '''    """The fedmech_flwr.builtin.clients too."""\n'''
+                      '''    importlib.import_module("fedmech_flwr.builtin.clients")\n''')
+    assert named_strings(module) == {"fedmech_flwr.builtin.clients"}
+
+
+# --- what a ClientApp imports ---------------------------------------------------------------
 
 SERVER_ONLY = ("matplotlib", "scipy", "sklearn", "pandas")
 """What only the server uses (plots, matching, statistics): every Ray worker and SuperNode

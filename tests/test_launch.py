@@ -1,8 +1,11 @@
-"""What ``flwr run`` is given: a copy of the app's sources that Flower bundles exactly as
-it bundles the app folder itself, without walking what the app ignores; and the size of
-the private Ray it runs on."""
+"""What ``flwr run`` is given: a copy of the app's sources that Flower bundles as it
+bundles the app folder itself (each package where the app installs it), without walking
+what the app ignores; and the size of the private Ray it runs on."""
 
 from __future__ import annotations
+
+import io
+import zipfile
 
 from flwr.cli.build import build_fab_from_disk
 
@@ -10,9 +13,39 @@ from fedmech_flwr.run_folder import APP_DIR
 from fedmech_flwr.tools.launch import private_ray_cpus, stage_app
 
 
-def test_the_staged_copy_of_this_app_bundles_bitwise_as_the_app(tmp_path):
+def bundled(app) -> dict[str, bytes]:
+    """The files of the bundle Flower builds from ``app``, by path (its own ``.info`` left out)."""
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))) as fab:
+        return {name: fab.read(name) for name in fab.namelist() if not name.startswith(".info/")}
+
+
+def test_the_staged_copy_of_this_app_bundles_its_files_with_the_builtin_plugins_where_they_install(tmp_path):
+    """Byte for byte the app's files; the built-in plug-in folders under fedmech_flwr/builtin/
+    (as pyproject.toml installs them), so no top-level ``clients`` or ``strategies`` in the
+    bundle hides a user's own package in the ServerApp and the ClientApps."""
     staged = stage_app(APP_DIR, tmp_path / "app")
-    assert build_fab_from_disk(staged) == build_fab_from_disk(APP_DIR)
+    moved = {"clients/": "fedmech_flwr/builtin/clients/", "strategies/": "fedmech_flwr/builtin/strategies/",
+             "diagnostics/": "fedmech_flwr/builtin/diagnostics/"}
+
+    def installed(name: str) -> str:
+        return next((new + name[len(old):] for old, new in moved.items() if name.startswith(old)), name)
+
+    app = {installed(name): data for name, data in bundled(APP_DIR).items()}
+    assert "fedmech_flwr/builtin/strategies/fedavg.py" in app
+    assert bundled(staged) == app
+
+
+def test_staging_puts_a_folder_where_the_apps_pyproject_installs_it(tmp_path):
+    app = tmp_path / "app"
+    files = {"pyproject.toml": '[tool.setuptools.package-dir]\n"lib.extra.plugins" = "plugins"\n',
+             "lib/__init__.py": "", "lib/extra/__init__.py": "", "plugins/__init__.py": "", "plugins/sub/a.py": "a = 1"}
+    for name, text in files.items():
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        (app / name).write_text(text)
+    staged = stage_app(app, tmp_path / "staged")
+    assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()) == [
+        "lib/__init__.py", "lib/extra/__init__.py", "lib/extra/plugins/__init__.py", "lib/extra/plugins/sub/a.py",
+        "pyproject.toml"]
 
 
 def test_staging_skips_ignored_hidden_and_cache_folders_and_keeps_what_flower_bundles(tmp_path):

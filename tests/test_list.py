@@ -62,15 +62,17 @@ def test_entries_show_what_they_are_then_each_fields_type_range_default_and_doc(
 
 
 def test_pairings_are_shown_both_ways(capsys):
-    assert "  fedprox  (needs client 'proximal')  from strategies.fedprox (built-in)\n" in listed(capsys, "strategies")
-    assert ("  proximal  (needs strategy 'fedprox')  (no parameters)  from clients.proximal (built-in)\n"
-            in listed(capsys, "clients"))
+    assert ("  fedprox  (needs client 'proximal')  from fedmech_flwr.builtin.strategies.fedprox (built-in)\n"
+            in listed(capsys, "strategies"))
+    assert ("  proximal  (needs strategy 'fedprox')  (no parameters)  from fedmech_flwr.builtin.clients.proximal "
+            "(built-in)\n" in listed(capsys, "clients"))
 
 
 def test_nested_sections_show_the_defaults_of_their_field(capsys):
     out = listed(capsys, "diagnostics")
     assert "every: run after every N-th round, default 1" in out.splitlines()[0]
-    misalignment = out.split("  misalignment  from diagnostics.misalignment (built-in)\n")[1].split("\n\n")[0]
+    title = "  misalignment  from fedmech_flwr.builtin.diagnostics.misalignment (built-in)\n"
+    misalignment = out.split(title)[1].split("\n\n")[0]
     assert "    probe:\n        How the linear probe is trained" in misalignment
     assert "    probe.epochs: int >= 1 = 50\n" in misalignment  # the field's default, not LinearTrainConfig's
     assert "    head.epochs: int >= 1 = 5\n" in misalignment

@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from conftest import rolled_head, small_cnn
-from diagnostics.misalignment import Misalignment, MisalignmentConfig, check_misalignment, degenerate_heads
-from diagnostics.misalignment_table import skew_gaps, table, table_row
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.builtin.diagnostics.misalignment import Misalignment, MisalignmentConfig, check_misalignment, degenerate_heads
+from fedmech_flwr.builtin.diagnostics.misalignment_table import skew_gaps, table, table_row
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearTrainConfig, balanced_split
@@ -178,7 +178,7 @@ def test_a_head_that_predicts_one_class_is_flagged(separable_cnn, caplog):
     arrays = model_arrays(model)
     arrays["head.weight"] = np.zeros_like(arrays["head.weight"])  # the head says class 1, always
     arrays["head.bias"] = np.eye(NUM_CLASSES, dtype=arrays["head.bias"].dtype)[1]
-    with caplog.at_level("INFO", logger="diagnostics.misalignment"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.builtin.diagnostics.misalignment"):
         record = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD)).server_side(
             round_state(arrays, data)).metrics
     assert record["global"]["max_predicted_class"] == 1 and record["global"]["max_predicted_fraction"] == 1.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import inspect
 from dataclasses import dataclass, field
 
 import pytest
@@ -238,9 +240,36 @@ def test_a_closed_gate_removes_its_channel():
     ("bn1", "'bn1' is a BatchNorm2d, not an nn.Linear; its linear layers: fc1, fc, spare"),
     ("fc1", "the head 'fc1' must give the model's output"),
 ])
-def test_a_bad_head_names_the_key(head, match):
+def test_a_bad_head_names_the_code_that_named_it(head, match):
+    """Named in a user's call of wrap_module: the error names that file and line, not a
+    ``model.head`` key that no experiment holds."""
     with pytest.raises(ConfigError, match=match) as err:
         wrap_module(HandBuilt(), input_shape=(1, 8, 8), head=head)
+    line = inspect.currentframe().f_lineno - 1
+    assert err.value.message.startswith(f"wrap_module(head={head!r}) at {__name__} ({__file__}:{line}): ")
+    assert err.value.where == "model"
+
+
+def test_a_bad_head_of_a_registered_module_names_the_registration(tmp_path):
+    """A plug-in's ``register_module(..., head=...)``: its file and line; the torchvision
+    model's ``head`` is a key of the experiment: ``model.head``."""
+    source = tmp_path / "lab_models.py"
+    source.write_text("from torch import nn\n\nfrom fedmech_flwr.api import register_module\n\n\n"
+                      "@register_module('lab_bad_head', head='fcc')\n"
+                      "def lab_bad_head(cfg, *, in_channels, num_classes, image_size):\n"
+                      "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, num_classes))\n")
+    spec = importlib.util.spec_from_file_location("lab_models", source)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    try:
+        with pytest.raises(ConfigError) as err:
+            build_model("lab_bad_head", {}, in_channels=1, num_classes=3, image_size=4)
+    finally:
+        MODELS._entries.pop("lab_bad_head")
+    assert err.value.message.startswith(f"model 'lab_bad_head' registered with head='fcc' at lab_models ({source}:6): "
+                                        "the module has no submodule 'fcc'"), err.value.message
+    assert err.value.where == "model"
+    with pytest.raises(ConfigError, match="no submodule 'fcc'; did you mean 'fc'") as err:
+        build_model("torchvision", {"arch": "resnet18", "head": "fcc"}, in_channels=1, num_classes=10, image_size=28)
     assert err.value.where == "model.head"
 
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.hooks import DIAGNOSTICS
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, NEW_KINDS, main
 
@@ -47,14 +48,15 @@ def test_the_written_experiment_completes_a_smoke_run_with_the_plugin(plugin_sit
     assert read_status(run)["status"] == "completed"
     if kind == "diagnostic":
         assert [r["global_norm"] > 0 for r in read_records(run, "diagnostic")] == [True, True]
+        assert list(DIAGNOSTICS.get(name).outputs.metrics) == ["global_norm"]  # declared: every view shows it
 
 
 @pytest.mark.parametrize(("kind", "name", "message"), [
     ("strategy", "2fast", "'2fast' is not a plug-in name: use a lowercase Python identifier such as my_median"),
     ("client", "MyClient", "'MyClient' is not a plug-in name"),
     ("model", "class", "'class' is not a plug-in name"),
-    ("strategy", "fedavg", "strategy 'fedavg' is already registered by strategies.fedavg (built-in); pick another "
-                           "name"),
+    ("strategy", "fedavg", "strategy 'fedavg' is already registered by fedmech_flwr.builtin.strategies.fedavg "
+                           "(built-in); pick another name"),
     ("diagnostic", "json", "a module 'json' already exists ("),
 ])
 def test_a_bad_name_exits_2_writing_nothing(tmp_path, capsys, kind, name, message):

@@ -28,9 +28,7 @@ from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 LAB = "lab16"
 STRATEGY = '''"""FedAvg that also reports a metric of its own, and declares it."""
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
-from strategies.fedavg import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, Metric, Outputs, WeightedFedAvg
 
 
 class LabFedAvg(WeightedFedAvg):
@@ -46,12 +44,11 @@ def lab_fedavg(params, ctx):
     return LabFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
 '''
 CLIENT = '''"""Plain training that tags its metrics: the run's client records show it ran on the clients."""
-from clients.plain import PlainClient
-from fedmech_flwr.client import CLIENTS
+from fedmech_flwr.api import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("lab_tagged")
-class TaggedClient(PlainClient):
+class TaggedClient(FedMechClient):
     def fit(self, parameters, config):
         weights, num_examples, metrics = super().fit(parameters, config)
         return weights, num_examples, {**metrics, "lab-client": 16}
@@ -62,8 +59,7 @@ from itertools import combinations
 
 import numpy as np
 
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult
-from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs
 
 
 @dataclass
@@ -93,7 +89,7 @@ MODULES = {
     "geometry": GEOMETRY,
     "client": CLIENT,
     "again": STRATEGY.replace("class LabFedAvg", "class AgainFedAvg").replace("LabFedAvg(", "AgainFedAvg("),
-    "dup": 'from fedmech_flwr.strategy import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
+    "dup": 'from fedmech_flwr.api import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
     "broken": 'raise RuntimeError("the lab is closed")\n',
 }
 ENTRY = "entry point 'tagged' of lab16 0.1"
@@ -172,8 +168,8 @@ def test_a_name_registered_twice_exits_2_naming_both_origins(plugin_site, tmp_pa
     write_lab(plugin_site)
     assert main(["validate", str(experiment(tmp_path, plugins=[f"{LAB}.dup"]))]) == EXIT_BAD_INPUT
     assert capsys.readouterr().err == (
-        f"error: strategy 'fedavg' is already registered by strategies.fedavg (built-in); lab16.dup "
-        f"({tmp_path / 'exp.yaml'}: plugins[0]) registers it again: rename one of them\n")
+        "error: strategy 'fedavg' is already registered by fedmech_flwr.builtin.strategies.fedavg (built-in); "
+        f"lab16.dup ({tmp_path / 'exp.yaml'}: plugins[0]) registers it again: rename one of them\n")
 
 
 # --- entry points ------------------------------------------------------------------------
@@ -222,7 +218,7 @@ def test_a_sweep_honours_its_base_experiments_plugins(plugin_site, tmp_path, cap
 
 BROKEN_DIAGNOSTIC = '''from dataclasses import dataclass
 
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic
+from fedmech_flwr.api import DIAGNOSTICS, Diagnostic
 
 
 @dataclass
@@ -292,6 +288,72 @@ def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(plugin_site,
     assert sorted(r["partition_id"] for r in read_records(run, "client")) == [0, 2]
 
 
+# --- a user's own clients, strategies and diagnostics packages ------------------------------
+
+USERS_PACKAGES = {
+    "clients": '''"""A user's own clients package, named as the built-in one's folder is."""
+from fedmech_flwr.api import CLIENTS, FedMechClient
+
+
+@CLIENTS.register("user_client")
+class UserClient(FedMechClient):
+    def fit(self, parameters, config):
+        weights, num_examples, metrics = super().fit(parameters, config)
+        return weights, num_examples, {**metrics, "user-client": 1}
+''',
+    "strategies": '''"""A user's own strategies package."""
+from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, WeightedFedAvg
+
+
+@STRATEGIES.register("user_fedavg", FedAvgConfig)
+def user_fedavg(params, ctx):
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+''',
+    "diagnostics": '''"""A user's own diagnostics package."""
+from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs
+
+
+@DIAGNOSTICS.register("user_round", outputs=Outputs("User", {"user_round": Metric("round", ("user_round",), "", 0)}))
+class UserRound(Diagnostic):
+    def server_side(self, state):
+        return DiagnosticResult({"user_round": state.server_round})
+''',
+}
+
+
+def write_users_packages(site: Path) -> None:
+    for name, text in USERS_PACKAGES.items():
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text(text)
+
+
+def users_experiment(tmp_path: Path) -> Path:
+    """The smoke experiment with the user's packages' plug-ins beside built-in ones."""
+    return experiment(tmp_path, plugins=["clients", "strategies", "diagnostics"], client={"name": "user_client"},
+                      strategy={"name": "user_fedavg"}, federation={"num_clients": 3, "num_rounds": 1},
+                      diagnostics=[{"name": "user_round"}, {"name": "weight_divergence"}])
+
+
+def test_a_users_own_clients_strategies_and_diagnostics_packages_leave_the_builtins_registered(
+        plugin_site, tmp_path, capsys):
+    """A user's ``clients``, ``strategies`` and ``diagnostics`` packages on the path (an
+    ordinary layout of a Flower project) neither hide the built-in plug-ins (they emptied
+    the registry when the built-in ones were top-level packages of the same names) nor are
+    hidden by them."""
+    write_users_packages(plugin_site)
+    assert main(["validate", str(SMOKE)]) == EXIT_OK
+    assert "strategy fedavg, client plain" in capsys.readouterr().out
+    assert main(["list", "strategies"]) == EXIT_OK
+    assert "  fedavg  " in capsys.readouterr().out
+    exp = users_experiment(tmp_path)
+    assert main(["validate", str(exp)]) == EXIT_OK
+    assert listed_title(capsys, "strategies", "user_fedavg") == f"  user_fedavg  from strategies ({exp}: plugins[1])"
+    run = run_in_process(load_experiment(exp), tmp_path / "runs")
+    assert read_status(run)["status"] == "completed"
+    assert sorted(r["user_client"] for r in read_records(run, "client")) == [1, 1, 1]
+    assert [r["user_round"] for r in read_records(run, "diagnostic") if "user_round" in r] == [1]
+
+
 # --- one real run ------------------------------------------------------------------------
 
 @pytest.mark.integration
@@ -349,3 +411,29 @@ def test_a_users_plugins_run_and_every_output_shows_what_they_declare(tmp_path):
     board = html[html.index("<h2>Strategy leaderboard</h2>"):]
     assert "lab_fedavg(examples) + lab_tagged" in board and "lab_fedavg(uniform) + lab_tagged" in board
     assert "cosine between client updates" in board and "lab mark" in board
+
+
+@pytest.mark.integration
+def test_a_real_run_from_a_folder_holding_a_users_own_clients_strategies_and_diagnostics(tmp_path):
+    """``fedmech validate`` and a real 1-round ``fedmech run`` from the user's folder, its
+    ``clients``, ``strategies`` and ``diagnostics`` packages on PYTHONPATH: the built-in
+    plug-ins are all there in the CLI, the ServerApp and every Ray worker, and the user's
+    packages are theirs (the app bundle holds the built-in folders under fedmech_flwr/)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    write_users_packages(site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+    def fedmech(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", *args], cwd=site, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        return done.stdout + done.stderr
+
+    assert "strategy fedavg, client plain" in fedmech("validate", str(SMOKE))
+    fedmech("run", str(SMOKE), "--set", "federation.num_rounds=1", "--out", str(tmp_path / "smoke"))
+    fedmech("run", str(users_experiment(tmp_path)), "--out", str(tmp_path / "users"))
+    (smoke,), (users,) = (list((tmp_path / out).iterdir()) for out in ("smoke", "users"))
+    assert read_status(smoke)["status"] == read_status(users)["status"] == "completed"
+    assert sorted(r["user_client"] for r in read_records(users, "client")) == [1, 1, 1]
+    assert [r["user_round"] for r in read_records(users, "diagnostic") if "user_round" in r] == [1]

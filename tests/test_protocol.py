@@ -22,11 +22,11 @@ from fedmech_flwr.app.protocol import (
     simulated_roster,
 )
 from fedmech_flwr.arrays import from_record, pack, to_record
+from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY
 from fedmech_flwr.wire import CLIENT_STATE_KEY, CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
-from strategies.fedavg import WeightedFedAvg
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
 PARTITIONS = {0: 1005, 1: 1001, 2: 1003}

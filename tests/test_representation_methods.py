@@ -13,13 +13,15 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, Message
 
-from clients.etf import ETFClient, ETFConfig, check_etf_client, etf_logits
-from clients.feddecorr import FedDecorrClient, FedDecorrConfig, decorrelation_loss
-from clients.fedrs import FedRSClient, FedRSConfig, restricted_logits
-from clients.moon import MoonClient, MoonConfig, model_contrastive_loss
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import run_in_process, train_replies
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
+from fedmech_flwr.builtin.clients.etf import ETFClient, ETFConfig, check_etf_client, etf_logits
+from fedmech_flwr.builtin.clients.feddecorr import FedDecorrClient, FedDecorrConfig, decorrelation_loss
+from fedmech_flwr.builtin.clients.fedrs import FedRSClient, FedRSConfig, restricted_logits
+from fedmech_flwr.builtin.clients.moon import MoonClient, MoonConfig, model_contrastive_loss
+from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
+from fedmech_flwr.builtin.strategies.fedetf import check_fedetf, simplex_etf
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -28,8 +30,6 @@ from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.training import TrainConfig
-from strategies.fedavg import FedAvgConfig
-from strategies.fedetf import check_fedetf, simplex_etf
 
 LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""
@@ -166,12 +166,12 @@ def test_fedrs_client_holding_every_class_trains_bitwise_as_the_plain_client(mon
     IID cell ends bitwise as FedAvg's. (h @ W.T) * 1 + b is another GEMM call than
     F.linear's fused one, equal here only where the BLAS happens to round both alike (the
     leaderboard's runs differed by up to 3e-8), so the restricted path must not run at all."""
-    import clients.fedrs
+    from fedmech_flwr.builtin.clients import fedrs
 
     def restricted(*args):
         raise AssertionError("restricted logits computed although no class is restricted")
 
-    monkeypatch.setattr(clients.fedrs, "restricted_logits", restricted)
+    monkeypatch.setattr(fedrs, "restricted_logits", restricted)
     y = torch.arange(24) % 4
 
     def trained(cls, params):

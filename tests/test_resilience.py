@@ -26,10 +26,12 @@ from flwr.common.constant import ErrorCode
 
 from conftest import REPO, SMOKE, as_killed, assert_same_run, killed_then_resumed, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
+from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.app.protocol import ClientFailure, failure_reason
 from fedmech_flwr.app.run import Diverged
 from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
+from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
 from fedmech_flwr.run_folder import (
@@ -46,7 +48,6 @@ from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from fedmech_flwr.tools import cli
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from fedmech_flwr.tools.launch import LaunchResult
-from strategies.fedavg import WeightedFedAvg
 
 ROUNDS = 3
 LONG = ["federation.num_rounds=3", "federation.checkpoint_every=2"]
@@ -132,20 +133,21 @@ def test_a_client_error_becomes_one_line(text, line):
 
 
 def test_a_failed_client_is_recorded_in_one_line_with_its_traceback_in_logs(tmp_path):
+    plugins.load()  # as on the server: the plug-in's frame is named by the module it was imported as
     folder = RunFolder(tmp_path)
     for server_round in (1, 2):
         error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=RAY_REASON)
         folder.failure(server_round, 1, failure_reason(error), "continue", error.reason)
     records = read_records(tmp_path, "failure")
     assert records[1] == {"kind": "failure", "round": 2, "partition_id": 1, "policy": "continue",
-                          "reason": f"raised: RuntimeError: CUDA out of memory (in clients.plain "
+                          "reason": f"raised: RuntimeError: CUDA out of memory (in fedmech_flwr.builtin.clients.plain "
                                     f"({REPO}/clients/plain.py:40))",  # the plug-in's frame
                           "details": "logs/client_failures.log"}
     log_text = (tmp_path / "logs" / "client_failures.log").read_text()
     assert "\x1b" not in log_text
     assert log_text.count("raise ClientAppException(str(ex)) from ex") == 2  # appended, whole
-    assert re.match(r"--- round 1, client 1, \S+: raised: RuntimeError: CUDA out of memory \(in clients\.plain .*\)\n"
-                    r"<class 'ray", log_text)
+    assert re.match(r"--- round 1, client 1, \S+: raised: RuntimeError: CUDA out of memory "
+                    r"\(in fedmech_flwr\.builtin\.clients\.plain .*\)\n<class 'ray", log_text)
 
 
 # --- divergence -------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diagnostics.usae.activations import InMemorySource, StreamingSource, collect_tokens
-from diagnostics.usae.analysis import FIT_R2, analyse
-from diagnostics.usae.metrics import (
+from fedmech_flwr.builtin.diagnostics.usae.activations import InMemorySource, StreamingSource, collect_tokens
+from fedmech_flwr.builtin.diagnostics.usae.analysis import FIT_R2, analyse
+from fedmech_flwr.builtin.diagnostics.usae.metrics import (
     ConceptOverlap,
     calibrated_overlap,
     concept_activity,
@@ -27,8 +27,8 @@ from diagnostics.usae.metrics import (
     shared_unique,
     stitch_accuracy,
 )
-from diagnostics.usae.model import USAE, USAEConfig, load_usae, save_usae
-from diagnostics.usae.train import train_usae
+from fedmech_flwr.builtin.diagnostics.usae.model import USAE, USAEConfig, load_usae, save_usae
+from fedmech_flwr.builtin.diagnostics.usae.train import train_usae
 from fedmech_flwr.data import SyntheticConfig, load_dataset
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
@@ -221,13 +221,13 @@ def test_an_under_trained_usae_is_flagged_not_fit(trained_cnn, caplog):
     models, names = [model, copy.deepcopy(model)], ["a", "b"]
     x, y = data.x_test[:20], data.y_test[:20]  # 320 tokens at conv2: 5 steps a pass
     quick = USAEConfig(dict_size=32, k=4, epochs=1, batch_size=64, min_steps=0)
-    with caplog.at_level(logging.WARNING, logger="diagnostics.usae.analysis"):
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.builtin.diagnostics.usae.analysis"):
         _, metrics = analyse(models, names, "conv2", x, y, quick)
     assert metrics["fit"] is False and min(metrics["r2"][0][0], metrics["r2"][1][1]) < FIT_R2
     assert "USAE at conv2 is not fit: self-reconstruction R^2 a " in caplog.text
     assert "after 5 steps over 320 tokens" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="diagnostics.usae.analysis"):
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.builtin.diagnostics.usae.analysis"):
         _, metrics = analyse(models, names, "conv2", x, y, dataclasses.replace(quick, min_steps=1000))
     assert metrics["fit"] is True and min(metrics["r2"][0][0], metrics["r2"][1][1]) >= FIT_R2
     assert "not fit" not in caplog.text

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from conftest import smoke_config
-from diagnostics.usae.model import load_usae
 from fedmech_flwr.arrays import load_arrays, save_arrays
+from fedmech_flwr.builtin.diagnostics.usae.model import load_usae
 from fedmech_flwr.run_folder import read_records
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, build_parser, main
 
@@ -175,7 +175,7 @@ def test_per_round_diagnostic_records_metrics_every_round(usae_run, tmp_path):
 
 
 def test_diagnostic_against_a_reference_model(smoke_run, usae_run):
-    from diagnostics.usae.diagnostic import Usae, UsaeDiagnosticConfig
+    from fedmech_flwr.builtin.diagnostics.usae.diagnostic import Usae, UsaeDiagnosticConfig
     from fedmech_flwr.arrays import load_model_arrays
     from fedmech_flwr.experiment import load_data, new_model
     from fedmech_flwr.hooks import RoundState
@@ -201,9 +201,9 @@ def test_diagnostic_against_a_reference_model(smoke_run, usae_run):
 
 
 def test_analyse_streams_tokens_past_the_memory_limit(smoke_run, usae_run):
-    from diagnostics.usae.analysis import analyse
-    from diagnostics.usae.model import USAEConfig
-    from diagnostics.usae.sources import load_source_model, parse_source
+    from fedmech_flwr.builtin.diagnostics.usae.analysis import analyse
+    from fedmech_flwr.builtin.diagnostics.usae.model import USAEConfig
+    from fedmech_flwr.builtin.diagnostics.usae.sources import load_source_model, parse_source
     from fedmech_flwr.experiment import load_data
 
     models = [load_source_model(parse_source(str(run))) for run in (smoke_run, usae_run)]

@@ -20,11 +20,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from diagnostics.circuits.discovery import frozen
-from diagnostics.circuits.gates import Position, gate_point, patched, resolve_layers
-from diagnostics.circuits.metrics import MaskLike, circuit_size, to_bools
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import channels_last, channels_last_copy, largest_predicted_class
+from fedmech_flwr.api import FedMechModel, channels_last, channels_last_copy, largest_predicted_class
+
+from .discovery import frozen
+from .gates import Position, gate_point, patched, resolve_layers
+from .metrics import MaskLike, circuit_size, to_bools
 
 Mode = Literal["sufficiency", "necessity"]
 Fill = Literal["zero", "mean"]

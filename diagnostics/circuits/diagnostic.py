@@ -82,32 +82,39 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from diagnostics.circuits.ablation import (
+from fedmech_flwr.api import (
+    DEGENERATE_FRACTION,
+    DIAGNOSTICS,
+    ClientContext,
+    Clock,
+    ConfigError,
+    DataInfo,
+    Diagnostic,
+    DiagnosticResult,
+    ExperimentConfig,
+    GlobalContext,
+    Metric,
+    Outputs,
+    RoundState,
+    largest_predicted_class,
+    lookup,
+    pack_masks,
+    seed_for,
+    to_bools,
+    torch_generator,
+    unpack_masks,
+)
+
+from .ablation import (
     ablation_reports,
     channel_means,
     predict,
     random_like,
     without_channels,
 )
-from diagnostics.circuits.discovery import discover_circuits, learn_circuits
-from diagnostics.circuits.gates import GateConfig
-from diagnostics.circuits.metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty
-from diagnostics.timing import Clock
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import (
-    DIAGNOSTICS,
-    ClientContext,
-    Diagnostic,
-    DiagnosticResult,
-    GlobalContext,
-    RoundState,
-)
-from fedmech_flwr.masks import pack_masks, to_bools, unpack_masks
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, lookup
-from fedmech_flwr.seeds import seed_for, torch_generator
-from fedmech_flwr.training import largest_predicted_class
+from .discovery import discover_circuits, learn_circuits
+from .gates import GateConfig
+from .metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +409,7 @@ class Circuits(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.plotting import class_labels, heatmap, line_plot
+        from fedmech_flwr.api import class_labels, heatmap, line_plot
 
         if not records:
             return []

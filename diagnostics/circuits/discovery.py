@@ -42,7 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diagnostics.circuits.gates import (
+from fedmech_flwr.api import FedMechModel, channels_last, channels_last_copy, parse_dataclass
+
+from .gates import (
     GateConfig,
     gated,
     hard_concrete_sample,
@@ -50,9 +52,6 @@ from diagnostics.circuits.gates import (
     resolve_layers,
     ste_gate,
 )
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import channels_last, channels_last_copy
-from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
 

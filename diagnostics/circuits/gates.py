@@ -25,8 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.api import ConfigError, FedMechModel
 
 Position = Literal["after_norm", "before_norm"]
 

@@ -15,8 +15,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.api import ConfigError, FedMechModel
 
 
 def to_tokens(output: Tensor) -> Tensor:

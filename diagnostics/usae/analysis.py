@@ -19,8 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diagnostics.usae.activations import InMemorySource, StreamingSource, check_layer, collect_tokens
-from diagnostics.usae.metrics import (
+from fedmech_flwr.api import ConfigError, FedMechModel, save_figure
+
+from .activations import InMemorySource, StreamingSource, check_layer, collect_tokens
+from .metrics import (
     CALIBRATED_ALPHA,
     ConceptOverlap,
     MetricsAccumulator,
@@ -31,11 +33,8 @@ from diagnostics.usae.metrics import (
     shared_unique,
     stitch_all,
 )
-from diagnostics.usae.model import USAE, Schedule, USAEConfig
-from diagnostics.usae.train import train_usae
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import save_figure
-from fedmech_flwr.models import FedMechModel
+from .model import USAE, Schedule, USAEConfig
+from .train import train_usae
 
 
 @dataclass

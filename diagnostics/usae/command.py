@@ -38,16 +38,23 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnostics.usae.analysis import PRESETS, analyse, overlap_summary, plot_usae
-from diagnostics.usae.model import USAEConfig, save_usae
-from diagnostics.usae.sources import Source, load_source_model, parse_source, unique_names
-from fedmech_flwr.commands import COMMANDS, Command, Help
-from fedmech_flwr.config import apply_overrides
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import audit_indices, load_data
-from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.training import resolve_device
-from fedmech_flwr.typed import parse_dataclass, to_plain
+from fedmech_flwr.api import (
+    COMMANDS,
+    Command,
+    ConfigError,
+    Help,
+    apply_overrides,
+    audit_indices,
+    load_data,
+    parse_dataclass,
+    resolve_device,
+    to_plain,
+    write_text_atomic,
+)
+
+from .analysis import PRESETS, analyse, overlap_summary, plot_usae
+from .model import USAEConfig, save_usae
+from .sources import Source, load_source_model, parse_source, unique_names
 
 TRAIN_HEAD_NOTE = ("no audit set (data.audit_per_class = 0): the first N training images, "
                    "which clients of these runs trained on")

@@ -21,14 +21,21 @@ from typing import Any, Literal
 
 import numpy as np
 
-from diagnostics.usae.analysis import CpuUSAEConfig, analyse, overlap_summary
-from diagnostics.usae.model import usae_arrays
-from diagnostics.usae.sources import load_source_model, parse_source
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
-from fedmech_flwr.outputs import Metric, Outputs
+from fedmech_flwr.api import (
+    DIAGNOSTICS,
+    ConfigError,
+    DataInfo,
+    Diagnostic,
+    DiagnosticResult,
+    ExperimentConfig,
+    Metric,
+    Outputs,
+    RoundState,
+)
+
+from .analysis import CpuUSAEConfig, analyse, overlap_summary
+from .model import usae_arrays
+from .sources import load_source_model, parse_source
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +125,7 @@ class Usae(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.plotting import line_plot
+        from fedmech_flwr.api import line_plot
 
         if not records:
             return []

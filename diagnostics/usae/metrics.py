@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diagnostics.usae.activations import check_layer, evaluating, from_tokens
-from diagnostics.usae.model import USAE
-from fedmech_flwr.models import FedMechModel
+from fedmech_flwr.api import FedMechModel
+
+from .activations import check_layer, evaluating, from_tokens
+from .model import USAE
 
 Concepts = Literal["all", "shared", "unique"] | Tensor | np.ndarray
 

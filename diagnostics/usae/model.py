@@ -12,8 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays, save_arrays
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.api import ConfigError, NamedArrays, load_arrays, load_model_arrays, model_arrays, save_arrays
 
 DecoderNorm = Literal["per_model", "joint"]
 Schedule = Literal["round_robin", "symmetric"]

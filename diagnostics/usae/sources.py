@@ -8,12 +8,19 @@ from pathlib import Path
 
 import torch
 
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_data, load_experiment, model_builder
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.run_folder import CHECKPOINT_DIR, CONFIG_FILE, FINAL_MODEL_FILE, round_file
+from fedmech_flwr.api import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    FINAL_MODEL_FILE,
+    ConfigError,
+    ExperimentConfig,
+    FedMechModel,
+    load_arrays,
+    load_data,
+    load_experiment,
+    model_builder,
+    round_file,
+)
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from diagnostics.usae.activations import ActivationSource
-from diagnostics.usae.model import USAE, USAEConfig, topk
+from .activations import ActivationSource
+from .model import USAE, USAEConfig, topk
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,14 @@
 A Grid that calls the ClientApp directly: a whole small experiment runs in seconds,
 which is what the end-to-end tests and quick debugging need. It wraps the one Flower
 internal this needs (``TaskIdentity``, which ``Message`` reads when built outside a
-real run). The real path is ``flwr run``; this one only skips the transport.
+real run, through ``fedmech_flwr.testing``). The real path is ``flwr run``; this one only
+skips the transport.
 
 Like Flower's Grid, a ClientApp exception becomes an error reply, and a reply that
 takes longer than ``send_and_receive``'s timeout never arrives (clients run one after
 another here, so each call's own duration is compared, as if they ran in parallel).
-``train_replies`` builds mocked clients' replies for a strategy's tests the same way.
+``train_replies`` (``fedmech_flwr.testing``, also importable from here) builds mocked
+clients' replies for a strategy's tests the same way.
 """
 
 from __future__ import annotations
@@ -19,41 +21,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr.app.run import resume_config, run_experiment
-from fedmech_flwr.arrays import NamedArrays, to_record
 from fedmech_flwr.config import ExperimentConfig
+from fedmech_flwr.testing import FIRST_CLIENT_NODE_ID, server_identity
+from fedmech_flwr.testing import train_replies  # noqa: F401  (its old home: tests import it from here)
 
 log = logging.getLogger(__name__)
-
-SERVER_NODE_ID = 1
-_FIRST_CLIENT_NODE_ID = 1000
-
-
-def _server_identity(run_id: int = 1) -> None:
-    """Let ``Message`` be built outside a real run, as the server of run ``run_id``."""
-    TaskIdentity.run_id = run_id
-    TaskIdentity.node_id = SERVER_NODE_ID
-    TaskIdentity.task_id = 1
-
-
-def train_replies(models: list[NamedArrays], num_examples: list[int]) -> list[Message]:
-    """Mocked clients' train replies, as the ClientApp sends them (its weights ``models[i]``
-    and ``num-examples``), from nodes 1000, 1001, ...: what a strategy's
-    ``aggregate_train`` gets, for tests against a hand-computed aggregate."""
-    _server_identity()
-    replies = []
-    for i, (arrays, count) in enumerate(zip(models, num_examples, strict=True)):
-        sent = Message(RecordDict(), dst_node_id=_FIRST_CLIENT_NODE_ID + i, message_type=MessageType.TRAIN)
-        content = RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord({"num-examples": count})})
-        replies.append(Message(content, reply_to=sent))
-    return replies
 
 
 class InProcessGrid(Grid):
@@ -66,16 +45,16 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.contexts = {
-            _FIRST_CLIENT_NODE_ID + i: Context(
+            FIRST_CLIENT_NODE_ID + i: Context(
                 run_id=run_id,
-                node_id=_FIRST_CLIENT_NODE_ID + i,
+                node_id=FIRST_CLIENT_NODE_ID + i,
                 node_config=dict(node_configs[i]),
                 state=RecordDict(),
                 run_config={},
             )
             for i in range(len(node_configs))
         }
-        _server_identity(run_id)
+        server_identity(run_id)
 
     def set_run(self, run: Run) -> None:
         self._run = run

@@ -67,11 +67,12 @@ from fedmech_flwr.experiment import (
     model_builder,
     new_model,
 )
-from fedmech_flwr.hooks import Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import duration, headline
+from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
+from fedmech_flwr.outputs import duration, headline, notice, undeclared
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
+from fedmech_flwr.registry import BUILT_IN
 from fedmech_flwr.run_folder import CONFIG_FILE, PLOTS_DIR, STATE_FILE, ResumePoint, RunFolder
 from fedmech_flwr.strategy import SENT_ACCURACY, SENT_LOSS, STRATEGIES, ReportsAnotherModel, StrategyContext
 from fedmech_flwr.tensorboard_events import EventFiles
@@ -164,6 +165,8 @@ class Run:
         """(round, time) of the first round this process ended: the ETA's start."""
         self.events: EventFiles | None = None
         """The TensorBoard event files (``tensorboard: true``), once the folder exists."""
+        self._noticed: set[str] = set()
+        """The records whose undeclared metrics this process has said how to declare."""
 
     def execute(self, grid: Grid, initial: NamedArrays, *, train_config: ConfigRecord | None = None,
                 evaluate_config: ConfigRecord | None = None, evaluate_fn: Evaluate | None = None) -> Result:
@@ -314,6 +317,7 @@ class Run:
         folder.save_state(self.committed)
         if self.events:
             self.events.round(server_round, folder.recent)
+        self._notice_undeclared(folder.recent)
         self._log(server_round, res, sparsity)
         return MetricRecord({"accuracy": res.accuracy, "loss": res.loss})
 
@@ -379,6 +383,20 @@ class Run:
                 log.warning("round %d: client %d %s", server_round, pid, reason)
                 continue
             updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
+
+    def _notice_undeclared(self, records: list[dict[str, Any]]) -> None:
+        """Once per plug-in, at the first round it records metrics it does not declare, one
+        line: they are shown as recorded, and how to declare them (``outputs.notice``); a
+        warning for a user's plug-in, information for a built-in one (whose undeclared keys
+        are per layer of the model, such as matched_avg's)."""
+        for record, generic in undeclared(records).items():
+            if record in self._noticed:
+                continue
+            self._noticed.add(record)
+            kind, registry, name = (("STRATEGIES", STRATEGIES, self.cfg.strategy.name) if record == "strategy"
+                                    else ("DIAGNOSTICS", DIAGNOSTICS, record))
+            built_in = name in registry.names() and registry.get(name).source == BUILT_IN
+            log.log(logging.INFO if built_in else logging.WARNING, "%s", notice(record, generic, f"{kind} {name!r}"))
 
     def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
         """The console's round line: the round's declared headline metrics with their

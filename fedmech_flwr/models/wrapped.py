@@ -29,13 +29,14 @@ import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.errors import ConfigError, raised_where
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
 from fedmech_flwr.registry import did_you_mean
 
@@ -72,18 +73,24 @@ class WrappedModel(FedMechModel):
     state_dict names are ``body.<path>`` and ``head.weight``, ``head.bias``.
     """
 
-    def __init__(self, module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None) -> None:
+    def __init__(self, module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None,
+                 named_by: str | None = None) -> None:
         super().__init__()
-        path = head if head is not None else _last_linear(module)
-        layer = _find_head(module, path)
-        order, calls = _trace(module, input_shape)
         try:
-            _check_head(path, layer, calls)
+            path = head if head is not None else _last_linear(module)
+            layer = _find_head(module, path)
+            order, calls = _trace(module, input_shape)
+            try:
+                _check_head(path, layer, calls)
+            except ConfigError as err:
+                if head is not None:
+                    raise
+                raise ConfigError(f"{err.message} ('{path}' is the last nn.Linear in module order; name the head)",
+                                  err.where) from err
         except ConfigError as err:
-            if head is not None:
+            if named_by is None or err.where != "model.head":
                 raise
-            raise ConfigError(f"{err.message} ('{path}' is the last nn.Linear in module order; name the head)",
-                              err.where) from err
+            raise ConfigError(f"{named_by}: {err.message}", "model") from err
         gates = _gate_points(module, path, order, calls)
         if not gates:
             raise ConfigError(
@@ -143,11 +150,25 @@ class WrappedModel(FedMechModel):
         return ChannelGroup(name, self.gated_layers()[name], self.channel_arrays(name), (), (self._gates[name][1],))
 
 
-def wrap_module(module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None) -> WrappedModel:
+def wrap_module(module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None,
+                named_by: str | None = None) -> WrappedModel:
     """``module`` (a classifier of ``input_shape`` inputs, e.g. ``(1, 28, 28)``) as a
     FedMechModel; ``head`` is the dotted path of its linear head (None: its last
-    ``nn.Linear``). The module is taken over: its head is moved out of it."""
-    return WrappedModel(module, input_shape=input_shape, head=head)
+    ``nn.Linear``). The module is taken over: its head is moved out of it.
+
+    A head that is not the module's linear head is a ConfigError that says where the head
+    was named: ``named_by`` if given, else the code calling this function
+    (``my_lab.models (my_lab/models.py:12): wrap_module(head='fcc')``) when it is not
+    fedmech's, else ``model.head`` (the experiment's key, as the ``torchvision`` model's)."""
+    if named_by is None and (caller := _code_at(sys._getframe(1))):
+        named_by = f"wrap_module(head={head!r}) at {caller}"
+    return WrappedModel(module, input_shape=input_shape, head=head, named_by=named_by)
+
+
+def _code_at(frame: FrameType) -> str | None:
+    """``module (file:line)`` of ``frame`` when it is neither fedmech's core nor a library's
+    (``fedmech_flwr.errors.raised_where``): a plug-in's or the user's own code."""
+    return raised_where([(frame.f_code.co_filename, frame.f_lineno)])
 
 
 def register_module(
@@ -156,14 +177,18 @@ def register_module(
     """Decorator: register ``builder(cfg, *, in_channels, num_classes, image_size) ->
     nn.Module`` as model ``name`` (``model: {name: ...}`` in an experiment), each module
     it builds wrapped by ``wrap_module`` with ``head``. ``config_cls`` and ``check`` as in
-    ``Registry.register``; the entry's module is the caller's."""
-    caller = sys._getframe(1).f_globals.get("__name__", "?")
+    ``Registry.register``; the entry's module is the caller's. A ``head`` that is not the
+    module's linear head is an error naming this registration's file and line."""
+    frame = sys._getframe(1)
+    caller = frame.f_globals.get("__name__", "?")
+    at = _code_at(frame) or f"{caller} ({frame.f_code.co_filename}:{frame.f_lineno})"
+    named_by = f"model '{name}' registered with head={head!r} at {at}"
 
     def decorator(builder: ModuleBuilder) -> ModuleBuilder:
         @functools.wraps(builder)
         def factory(cfg: Any, *, in_channels: int, num_classes: int, image_size: int) -> WrappedModel:
             module = builder(cfg, in_channels=in_channels, num_classes=num_classes, image_size=image_size)
-            return wrap_module(module, input_shape=(in_channels, image_size, image_size), head=head)
+            return wrap_module(module, input_shape=(in_channels, image_size, image_size), head=head, named_by=named_by)
 
         MODELS.register(name, config_cls, check=check, module=caller)(factory)
         return builder

@@ -1,1 +1,1 @@
-"""The tools around a run: the CLI, the launcher, sweeps, reports, the scaffold and the reaper."""
+"""The tools around a run: the CLI, the launcher, sweeps, reports, ``fedmech new`` (``new_plugin``) and the reaper."""

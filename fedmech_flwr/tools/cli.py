@@ -307,7 +307,7 @@ NEW_KINDS = ("strategy", "client", "diagnostic", "model")
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from fedmech_flwr.tools.scaffold import write_plugin
+    from fedmech_flwr.tools.new_plugin import write_plugin
 
     files = write_plugin(args.kind, args.name, args.dir.resolve())
     folder = files[0].parent
@@ -320,11 +320,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Redraw a run's plots with its recorded plug-ins imported; exit 1 when one of them
     cannot be (its plots are skipped, the rest drawn)."""
     from fedmech_flwr.plotting import plot_run
-    from fedmech_flwr.tools.report import Run, import_plugins
+    from fedmech_flwr.run_reader import FolderRun, import_plugins
 
     run_dir = Path(args.run_dir)
     config = run_dir / CONFIG_FILE  # without one, plot_run says what is wrong
-    runs = [Run(run_dir.name, run_dir, "", config=read_yaml_file(config))] if config.is_file() else []
+    runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config))] if config.is_file() else []
     not_imported = import_plugins(runs, args.plugin)
     for path in plot_run(args.run_dir):
         print(path)
@@ -404,7 +404,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _verdict(folder: Path) -> list[str]:
-    """The verdict the sweep's page holds (``report.skew_verdict``), from its summary.json."""
+    """The verdict the sweep's page holds (``report.summary.skew_verdict``), from its summary.json."""
     from fedmech_flwr.tools.report import SUMMARY_FILE
 
     try:
@@ -427,7 +427,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.watch:
                 text = f"{dt.datetime.now():%H:%M:%S} (every {args.interval:g}s; Ctrl-C stops)\n{text}\n"
             print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
-            if not args.watch or found.state != "running":
+            if not args.watch or not found.running:
                 return EXIT_OK if found.ok else EXIT_FAILED
             time.sleep(args.interval)
     except KeyboardInterrupt:

@@ -2,8 +2,10 @@
 tidy (long) table, for ``pandas.read_csv`` and a groupby.
 
 One row per run x round x metric, and one more per class where the metric declares
-per-class values (``class`` empty on the overall row). Only declared metrics are exported
-(``fedmech_flwr.outputs``), so a plug-in's metrics come out with no edit here. Values are
+per-class values (``class`` empty on the overall row). Declared metrics are exported
+(``fedmech_flwr.outputs``), so a plug-in's metrics come out with no edit here, and so are
+those a plug-in records without declaring them (``outputs.undeclared``: labelled by their
+key, no unit, as recorded). Values are
 as a reader reads them (``Metric.display``: percent and percentage points for ``%`` and
 ``pp``); an undefined value (null, NaN, a zero denominator) is an empty cell, never 0; a
 value its metric's validity rule flags carries the flag's text. Every run with records is
@@ -13,7 +15,6 @@ exported whatever its status (the ``status`` column tells them apart).
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,7 @@ from typing import Any
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_atomic
 from fedmech_flwr.outputs import Metric, declared, latest, per_class_values
-from fedmech_flwr.run_folder import METRICS_FILE, PARTITIONS_FILE, read_records
-from fedmech_flwr.tools.report import Run, import_plugins, read_inputs
+from fedmech_flwr.run_reader import FolderRun, import_plugins, read_inputs
 
 COLUMNS = ["seed", "status", "round", "record", "metric", "label", "unit", "class", "value", "flag"]
 """The columns after ``run``, ``sweep`` and the sweep's axes."""
@@ -44,16 +44,7 @@ def _number(value: float | None, metric: Metric) -> str:
     return repr(float(f"{metric.display(value):.12g}")) if value is not None and math.isfinite(value) else ""
 
 
-def _fill(run: Run) -> None:
-    """Read the records and class names of a run that did not complete (``read_inputs``
-    reads them for completed runs only): a failed or running run's rounds are exported too."""
-    if run.status != "completed" and (run.path / METRICS_FILE).is_file():
-        run.records = read_records(run.path)
-        parts = run.path / PARTITIONS_FILE
-        run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
-
-
-def run_rows(run: Run, head: dict[str, Any], metrics: dict[str, Metric]) -> list[dict[str, Any]]:
+def run_rows(run: FolderRun, head: dict[str, Any], metrics: dict[str, Metric]) -> list[dict[str, Any]]:
     """The rows of one run, ordered by round, then the declared order of the metrics;
     ``head`` holds the run's ``run``, ``sweep`` and axis columns."""
     rows, names = [], run.class_names or []
@@ -80,10 +71,9 @@ def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[
     manifest, runs = read_inputs([Path(p).expanduser().resolve() for p in paths])
     not_imported = import_plugins(runs, extra_plugins)
     axes = list(manifest.get("axes") or dict.fromkeys(a for r in runs for a in r.axes)) if manifest else []
-    metrics = declared()
+    metrics = declared([record for run in runs for record in run.records])  # what plug-ins left undeclared too
     rows = []
     for run in runs:
-        _fill(run)
         head = {"run": run.name, "sweep": manifest.get("name", "") if manifest else "",
                 **{axis: run.axes.get(axis, "") for axis in axes}}
         rows += run_rows(run, head, metrics)

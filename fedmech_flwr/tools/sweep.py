@@ -44,7 +44,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -60,23 +59,24 @@ from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
+    SWEEP_LOCK_FILE,
+    SWEEP_MANIFEST_FILE,
     FolderLock,
-    live_holder,
     memory_available_gib,
-    process_alive,
     read_records,
     read_status,
     settle_status,
+    writer_alive,
 )
 from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = "sweep.json"
+MANIFEST_FILE = SWEEP_MANIFEST_FILE
 RUNS_DIR = "runs"
 LOGS_DIR = "logs"
-LOCK_FILE = "sweep.lock"
+LOCK_FILE = SWEEP_LOCK_FILE
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SERVER_GIB = 1.0
 """Memory of one run's ServerApp process (it also hosts Flower's simulation engine and
@@ -397,8 +397,7 @@ def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str
         return "skip"
     if entry["status"] == "failed" and not retry_failed:
         return "failed"
-    if status and status["status"] == "running" and status.get("host") == socket.gethostname() \
-            and process_alive(status.get("pid", -1)):
+    if status and writer_alive(status):
         raise RunFolderError(f"{run_dir} is still being written by process {status['pid']}; stop it (or wait), "
                              "then run the sweep again")
     return "resume" if status else "start"
@@ -411,12 +410,6 @@ def headline(run_dir: Path) -> str:
     except (FileNotFoundError, ValueError):
         return ""
     return " | ".join(outputs.headline(records))
-
-
-def lock_holder(folder: Path) -> dict[str, Any] | None:
-    """The live process (pid, host, since) whose ``sweep.lock`` holds ``folder``, or None
-    (no lock, or a stale one: see ``run_folder.live_holder``)."""
-    return live_holder(folder / LOCK_FILE)
 
 
 def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool = False,

@@ -1,10 +1,11 @@
 """``fedmech new KIND NAME``: a start for your own plug-in, in your own folder.
 
-Three files: ``NAME.py`` (a minimal registered plug-in of the kind), ``test_NAME.py`` (its
-test in this project's style: a strategy aggregates mocked client replies into a
-hand-computed result, a client's loss and a diagnostic's metric are known answers, a
-model passes the model contract) and ``NAME.yaml`` (the smoke experiment using it through
-``plugins: [NAME]``). Nothing is overwritten.
+Three files: ``NAME.py`` (a minimal registered plug-in of the kind, importing only
+``fedmech_flwr.api``, with the metrics it records declared in ``outputs=`` so that every
+view shows them), ``test_NAME.py`` (its test in this project's style: a strategy aggregates
+mocked client replies into a hand-computed result, a client's loss and a diagnostic's
+metric are known answers, a model passes the model contract) and ``NAME.yaml`` (the smoke
+experiment using it through ``plugins: [NAME]``). Nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ The client must return its weights and ``num-examples``, as for FedAvg.
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from strategies.fedavg import WeightedFedAvg
+from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, WeightedFedAvg
 
 
 class $cls(WeightedFedAvg):
@@ -63,7 +63,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from fedmech_flwr.client import CLIENTS, FedMechClient
+from fedmech_flwr.api import CLIENTS, FedMechClient
 from torch import nn
 
 
@@ -88,10 +88,16 @@ on the clients' data).
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs, RoundState
+
+OUTPUTS = Outputs("$name", {
+    "global_norm": Metric("L2 norm of the global model", ("global_norm",), "L2", 3),
+}, curves=("global_norm",), headline=("global_norm",))
+"""What it records, declared: the console's round line, ``fedmech status``, the report, the
+CSV export and TensorBoard show these."""
 
 
-@DIAGNOSTICS.register("$name")
+@DIAGNOSTICS.register("$name", outputs=OUTPUTS)
 class $cls(Diagnostic):
     """``global_norm``: sqrt of the sum of squares of every floating-point array of the
     aggregated model."""
@@ -109,7 +115,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedmech_flwr.models import MODELS, FedMechModel
+from fedmech_flwr.api import MODELS, FedMechModel
 from torch import Tensor, nn
 
 
@@ -144,9 +150,7 @@ TESTS = {
     "strategy": '''"""$name aggregates mocked client replies into the hand-computed median."""
 
 import numpy as np
-from fedmech_flwr.arrays import from_record
-from fedmech_flwr.app.inprocess import train_replies
-from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.api import STRATEGIES, from_record, train_replies
 
 import $name  # noqa: F401  (registers it)
 
@@ -166,7 +170,7 @@ def test_aggregate_of_mocked_replies_is_the_hand_computed_median():
 import math
 
 import torch
-from fedmech_flwr.client import CLIENTS
+from fedmech_flwr.api import CLIENTS
 
 import $name  # noqa: F401  (registers it)
 
@@ -189,7 +193,7 @@ def test_loss_is_the_hand_computed_smoothed_cross_entropy():
 
 import numpy as np
 import torch
-from fedmech_flwr.hooks import DIAGNOSTICS, RoundState
+from fedmech_flwr.api import DIAGNOSTICS, RoundState
 
 import $name  # noqa: F401  (registers it)
 
@@ -207,7 +211,7 @@ def test_global_norm_of_a_known_model():
 import pytest
 import torch
 import torch.nn.functional as F
-from fedmech_flwr.models import build_model
+from fedmech_flwr.api import build_model
 from torch import nn
 
 import $name  # noqa: F401  (registers it)

@@ -1,0 +1,147 @@
+"""What the report says in short: the verdict (a label-skewed group against its IID
+control, in at most five lines for someone new) and ``summary.json`` (the groups'
+statistics for machines)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fedmech_flwr.config import differing_keys, flatten_plain
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared
+from fedmech_flwr.stats import difference_ci, mean_ci
+from fedmech_flwr.tools.published import PaperValue, PaperValues
+from fedmech_flwr.tools.report.comparisons import Comparison
+from fedmech_flwr.tools.report.statistics import Group, Stat, control_of, skew_level
+
+
+IID = {"data.partition.name": "iid"}
+"""Where a label-skewed group's control differs from it: the same runs on an IID split."""
+
+
+def _skew_keys() -> list[str]:
+    """The first declared ``by_skew`` metrics: the model's own accuracy, then readouts of
+    the same model's features (the misalignment diagnostic's global, probe, realigned)."""
+    return next(([f"{record}.{k}" for k in outputs.by_skew] for record, outputs in declarations().items()
+                 if outputs.by_skew), [])
+
+
+def skew_pairs(groups: list[Group]) -> list[tuple[Group, Group]]:
+    """(label-skewed group, its IID control) pairs that measured the ``by_skew`` metrics,
+    the most skewed first."""
+    keys = _skew_keys()
+    pairs = [(g, c) for g in groups
+             if flatten_plain(g.config).get("data.partition.name") != "iid"
+             and (c := control_of(g, IID, groups)) is not None
+             and keys and all(k in g.stats and k in c.stats for k in keys)]
+    return sorted(pairs, key=lambda pair: skew_level(pair[0].config)[0], reverse=True)
+
+
+def _level(stat: Stat, unit: str) -> str:
+    """``57.0%``, or ``57.0 ± 2.1%`` over several seeds; ``undefined``."""
+    if stat.mean is None:
+        return "undefined"
+    return f"{stat.mean:.1f}" + (f" ± {stat.half_width:.1f}" if stat.half_width is not None else "") + unit
+
+
+def _gaps(stats: dict[str, Stat], readout: str, model: str) -> list[float]:
+    """Per run, readout minus the model's own accuracy (the same run's two values)."""
+    own, read = stats[model].values, stats[readout].values
+    return [read[name] - own[name] for name in own if name in read]
+
+
+def _points(values: list[float]) -> str:
+    mean, half, _ = mean_ci(values)
+    return f"{mean:+.1f}" + (f" ± {half:.1f}" if half is not None else "") + " pp"
+
+
+def skew_verdict(groups: list[Group]) -> list[str]:
+    """At most five lines for someone new: the most skewed group's model accuracy and its
+    readouts (probe, realigned head) each beside its IID control, one-class models said to
+    be so, and what the numbers support: a claim only where the intervals over seeds do
+    not overlap zero; one seed is said to be one. Empty without a skewed group and its
+    control."""
+    pairs = skew_pairs(groups)
+    if not pairs:
+        return []
+    skewed, control = pairs[0]
+    metrics, (model, *readouts) = declared(), _skew_keys()
+    n = min(s.n for g in (skewed, control) for k in (model, *readouts) if (s := g.stats[k]))
+    seeds = ("one seed, so no interval (--seeds 0,1,2 gives intervals)" if n <= 1
+             else f"{n} seeds each, mean ± 95% interval")
+    more = f"; {len(pairs) - 1} more on the page" if len(pairs) > 1 else ""
+    lines = [f"Label skew ({skew_level(skewed.config)[1]}) against its IID control, {seeds}{more}:"]
+    width = max(len(metrics[k].doc or metrics[k].label) for k in (model, *readouts))
+    for key in (model, *readouts):
+        metric, s, c = metrics[key], skewed.stats[key], control.stats[key]
+        unit = "%" if metric.unit == "%" else f" {metric.unit}"
+        line = f"  {metric.doc or metric.label:<{width}}  {_level(s, unit)} skewed | {_level(c, unit)} IID"
+        for who, stat in (("skewed", s), ("IID", c)):
+            if stat.flag_text:
+                line += f" ⚑ {who}: {stat.flag_text}"
+            if "one class" in stat.flags:
+                line += f" (it predicts one class for over {DEGENERATE_FRACTION:.0%} of the test images)"
+        lines.append(line)
+    lines.append(_reading(skewed, control, model, readouts, n))
+    return lines
+
+
+def _reading(skewed: Group, control: Group, model: str, readouts: list[str], n: int) -> str:
+    """The one sentence the numbers support: how far each readout of the same features
+    lies above the model's own accuracy, skewed beside IID; the first readout (the probe)
+    decides the claim, made only where the two groups' intervals are apart."""
+    metrics = declared()
+    gaps = [(_gaps(skewed.stats, r, model), _gaps(control.stats, r, model)) for r in readouts]
+    if not readouts or not all(s and c for s, c in gaps):
+        return "  No reading: a value is undefined (see the page)."
+    numbers = "; ".join(f"{metrics[r].label} − {metrics[model].label} {_points(s)} skewed vs {_points(c)} IID"
+                        for r, (s, c) in zip(readouts, gaps))
+    diff, half = difference_ci(*gaps[0])
+    if n <= 1:
+        wider = "widened" if diff > 0 else "narrowed"
+        return (f"  → {numbers}. In this one seed skew {wider} the gap between what the features carry and what "
+                f"the head reads by {abs(diff):.1f} pp; one seed is not evidence: rerun with --seeds 0,1,2.")
+    if half is not None and diff - half > 0:
+        return f"  → the features kept what the head stopped reading: {numbers} (intervals apart)."
+    return f"  → no evidence at n={n} that skew cost the head more than the features: {numbers}."
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
+def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
+            unmatched: list[PaperValue], paper: PaperValues | None, confidence: float,
+            metrics: dict[str, Metric] | None = None) -> dict[str, Any]:
+    """What the report says, for machines: no paths, no wall times. ``metrics``: the
+    declared ones and those the runs' records hold undeclared (default: the declared)."""
+    def stat(s: Stat | None) -> dict[str, Any] | None:
+        return None if s is None else {"mean": _finite(s.mean), "half_width": _finite(s.half_width), "n": s.n,
+                                       "undefined": s.undefined, "empty": s.empty, "rounds": s.rounds,
+                                       "flags": s.flags}
+
+    def published(v: PaperValue) -> dict[str, Any]:
+        return {"metric": v.metric, "value": v.value, "relation": v.relation, "where": v.where,
+                "source": paper.cite(v), "quote": v.quote, "inferred": list(v.inferred)}
+
+    return {
+        "confidence": confidence,
+        "interval": "Student t over seeds at each run's final round; completed runs only",
+        "degenerate_fraction": DEGENERATE_FRACTION,
+        "metrics": {k: {"label": m.label, "unit": m.unit, "record": m.record, "path": ".".join(m.path)}
+                    for k, m in (declared() if metrics is None else metrics).items()},
+        "sweep": None if manifest is None else {k: manifest.get(k) for k in ("name", "preset", "seeds", "axes")},
+        "differing_keys": differing_keys([g.config for g in groups]),
+        "groups": [{
+            "group": g.label, "axes": g.axes, "runs": len(g.runs), "completed": len(g.completed),
+            "partial": g.partial, "cells": [{"name": r.name, "seed": r.seed, "status": r.status} for r in g.runs],
+            "stats": {k: stat(s) for k, s in g.stats.items()},
+        } for g in groups],
+        "paper": [{
+            **published(c.paper), "group": c.group.label, "ours": stat(c.stat), "same_protocol": c.same_protocol,
+            "check": c.check, "holds": c.result.holds if c.result else None,
+            "result": c.result.text if c.result else None,
+            "tested": None if c.shown is None else {"mean": _finite(c.shown[0]), "half_width": _finite(c.shown[1])},
+            "difference": _finite(c.difference),
+        } for c in comparisons] + [{**published(v), "group": None} for v in unmatched],
+    }

@@ -1,0 +1,114 @@
+"""The one reader of run and sweep folders and its one liveness rule: a writer on this host
+is alive or gone (its pid checked), one on another host is named and not checked; and
+``fedmech status``, ``fedmech report`` and ``fedmech export`` give the same answer."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_report import group, make_sweep
+
+from fedmech_flwr.run_folder import FolderLock, live_holder, writer_alive, writer_gone, writer_of
+from fedmech_flwr.run_reader import read_run, read_sweep
+from fedmech_flwr.tools.cli import main
+from fedmech_flwr.tools.report import write_report
+
+HOST = socket.gethostname()
+
+
+def dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def test_the_liveness_rule_alive_gone_or_on_another_host():
+    assert writer_of({}) is None and writer_of({"status": "completed"}) is None
+    alive = writer_of({"pid": os.getpid(), "host": HOST, "since": "t"})
+    assert (alive.state, alive.where, alive.since) == ("alive", f"pid {os.getpid()} on {HOST}", "t")
+    assert writer_of({"pid": dead_pid(), "host": HOST}).state == "gone"
+    elsewhere = writer_of({"pid": os.getpid(), "host": "gpu-7"})  # a live pid here says nothing of gpu-7's
+    assert (elsewhere.state, elsewhere.where) == ("elsewhere", f"on gpu-7 (pid {os.getpid()}), not checked from here")
+    running = {"status": "running", "pid": dead_pid(), "host": HOST}
+    assert writer_gone(running) and not writer_alive(running)
+    assert not writer_gone({**running, "host": "gpu-7"}) and not writer_alive({**running, "host": "gpu-7"})
+    assert writer_alive({**running, "pid": os.getpid()}) and not writer_gone({**running, "status": "failed"})
+
+
+def test_a_lock_of_another_host_is_taken_over_with_a_warning(tmp_path, caplog):
+    lock_file = tmp_path / "run" / "run.lock"
+    lock_file.parent.mkdir()
+    lock_file.write_text(json.dumps({"pid": 7, "host": "gpu-7", "since": "2025-01-02T03:04:05+00:00"}))
+    assert live_holder(lock_file) is None  # not alive here: a writer may take it over, but not silently
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.run_folder"), FolderLock(lock_file, "retry"):
+        assert live_holder(lock_file)["pid"] == os.getpid()
+    assert f"taking over {lock_file}, held by a process on gpu-7 (pid 7), not checked from here" in caplog.text
+    assert not lock_file.exists()
+
+
+def plant(sweep: Path, lock: dict, cell: dict) -> None:
+    """Replace the sweep's lock and its running cell's (dir_fedavg_s1) status.json."""
+    (sweep / "sweep.lock").write_text(json.dumps(lock))
+    status = sweep / "runs" / "dir_fedavg_s1" / "status.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), **cell}))
+
+
+@pytest.mark.parametrize("where", ["another host", "this host, gone"])
+def test_status_report_and_export_say_the_same_of_a_sweep_and_a_run(tmp_path, capsys, where):
+    """A sweep.lock and a running cell's status.json written on another host: running
+    there, not checked from here, in every command (the report used to call the cell
+    killed); written on this host by processes that are gone: interrupted in every one
+    (the report's reason: its sweep was killed, which the same sweep command continues)."""
+    sweep = make_sweep(tmp_path / "sweep")
+    if where == "another host":
+        plant(sweep, {"pid": 4242, "host": "gpu-7", "since": "t"}, {"status": "running", "pid": 7, "host": "gpu-7"})
+        state, cell_text = "running", "on gpu-7 (pid 7), not checked from here"
+        sweep_line = "sweep misalign-v2: running (on gpu-7 (pid 4242), not checked from here)"
+    else:
+        pid = dead_pid()
+        plant(sweep, {"pid": pid, "host": HOST}, {"status": "running", "pid": pid, "host": HOST})
+        state, cell_text = "interrupted", "its sweep was killed; run the same `fedmech sweep` command again"
+        sweep_line = "sweep misalign-v2: interrupted (no `fedmech sweep` runs it)"
+
+    read = read_sweep(sweep)
+    assert read.writer.state == ("elsewhere" if where == "another host" else "gone")
+    assert read.cells["dir_fedavg_s1"].status == state and read.state == state
+
+    main(["status", str(sweep)])
+    out = capsys.readouterr().out
+    assert sweep_line in out
+    if state == "running":
+        assert f"dir_fedavg_s1: running {cell_text}, round 1 of 2" in out
+    else:
+        assert f"dir_fedavg_s1: interrupted: status.json says running, but its process {pid} is gone" in out
+
+    write_report([sweep], tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [c["status"] for c in group(summary, "dir_fedavg")["cells"]] == ["completed", state, "failed"]
+    md = (tmp_path / "out" / "report.md").read_text().replace("\\", "")
+    assert f"dir_fedavg_s1 (group dir_fedavg, seed 1): {state}: {cell_text}" in md
+    assert where == "this host, gone" or "its sweep was killed" not in md
+
+    assert main(["export", str(sweep), "--out", str(tmp_path / "out.csv")]) == 0
+    with open(tmp_path / "out.csv", newline="") as fh:
+        statuses = {row["status"] for row in csv.DictReader(fh) if row["run"] == "dir_fedavg_s1"}
+    assert statuses == {state}
+
+    run = sweep / "runs" / "dir_fedavg_s1"  # the run folder alone says the same
+    assert read_run(run).status == state
+    main(["status", str(run)])
+    assert f"run dir_fedavg_s1: {state}" in capsys.readouterr().out
+
+
+def test_a_cell_the_manifest_failed_keeps_both_reasons(tmp_path):
+    """The sweep's reason where it holds the run's own (it adds the log), else both."""
+    sweep = make_sweep(tmp_path / "sweep")
+    cell = read_sweep(sweep).cells["dir_fedavg_s2"]
+    assert (cell.status, cell.error) == ("failed", "round 2: test loss is nan (diverged) (sweep: exit 1)")
