@@ -634,3 +634,23 @@ def test_dense_runs_are_the_headline_control_only_beside_pruned_ones(tmp_path, m
     assert "hollow squares and dashed lines: the dense control" in caption
     assert [sorted(panel.series) for panel in drawn[-1]] == [[("global", False), ("global", True)],
                                                             [("global", False)]]
+
+
+def test_identical_curves_share_one_line_and_one_legend_entry(tmp_path, monkeypatch):
+    """The misalignment plot's seven heads often coincide (realigned and its test-selected
+    twin, tau-norm and global): a curve hidden under another would leave a legend entry
+    with no visible line."""
+    from matplotlib.figure import Figure
+
+    from fedmech_flwr import plotting
+
+    drawn = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    same = [(1, 0.5), (2, 0.6)]
+    plotting.line_plot({"realigned": same, "realigned test selected": list(same), "probe": [(1, 0.7), (2, 0.8)]},
+                       "heads", "test accuracy", tmp_path / "x.png")
+    [fig] = drawn
+    assert isinstance(fig, Figure)
+    [ax] = fig.axes
+    assert [line.get_label() for line in ax.get_lines()] == ["realigned = realigned test selected", "probe"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["realigned = realigned test selected", "probe"]
