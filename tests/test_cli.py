@@ -49,6 +49,16 @@ def test_validate_malformed_override_and_missing_file(capsys, tmp_path):
     assert "experiment file not found" in capsys.readouterr().err
 
 
+def test_validate_checks_a_sweep_file_cell_by_cell(capsys, monkeypatch):
+    """The demo's file is a sweep: a newcomer's `fedmech validate` of it checks its cells."""
+    monkeypatch.chdir(REPO)
+    assert main(["validate", "experiments/smoke_sweep.yaml"]) == EXIT_OK
+    assert capsys.readouterr().out == ("OK: experiments/smoke_sweep.yaml: sweep 'smoke-sweep', 8 cells, each validated "
+                                       "(fedmech sweep experiments/smoke_sweep.yaml --dry-run lists them)\n")
+    assert main(["validate", "experiments/smoke_sweep.yaml", "--set", "seed=1"]) == EXIT_BAD_INPUT
+    assert "--set changes an experiment; a sweep's cells are set in its file" in capsys.readouterr().err
+
+
 # --- validate and run refuse the same bad input, before anything starts -----------------
 
 SMOKE_AT = "in experiments/smoke.yaml: "

@@ -65,6 +65,17 @@ def _validate(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Check an experiment file, or a sweep file (one with ``base:``) cell by cell."""
+    if Path(args.experiment).is_file() and isinstance(doc := read_yaml_file(args.experiment), dict) and "base" in doc:
+        from fedmech_flwr.tools.sweep import load_sweep
+
+        if args.set:
+            raise ConfigError("--set changes an experiment; a sweep's cells are set in its file (set:, presets:)",
+                              args.experiment)
+        plan = load_sweep(args.experiment)
+        print(f"OK: {args.experiment}: sweep '{plan.name}', {len(plan.cells)} cells, each validated "
+              f"(fedmech sweep {args.experiment} --dry-run lists them)")
+        return EXIT_OK
     cfg = _validate(args)
     fed = cfg.federation
     print(
@@ -454,12 +465,13 @@ HELP = {
         ("fedmech deploy-local experiments/smoke.yaml --tls --auth",
          "fedmech deploy-local experiments/smoke.yaml --node-data my_nodes/")),
     "validate": Help(
-        "check an experiment file without running it",
+        "check an experiment file (or a sweep file) without running it",
         "Parse and check the experiment as `fedmech run` would (every key, every plug-in's own rules, the "
-        "data on disk), print a one-line summary, and run nothing.",
-        ("0  valid", "2  invalid: the first line names the key and what is allowed"),
-        ("fedmech validate experiments/default.yaml",
-         "fedmech validate experiments/smoke.yaml --set train.lr=0.1")),
+        "data on disk), print a one-line summary, and run nothing. A sweep file (one with `base:`) is checked "
+        "cell by cell, as `fedmech sweep` would.",
+        ("0  valid", "2  invalid: the first line names the key (and the cell) and what is allowed"),
+        ("fedmech validate experiments/smoke.yaml --set train.lr=0.1",
+         "fedmech validate experiments/demo.yaml")),
     "list": Help(
         "list what is registered (datasets, models, clients, strategies, diagnostics, ...)",
         "List every registered entry with where it comes from (built-in, installed plug-in, --plugin module), "
