@@ -127,6 +127,7 @@ from fedmech_flwr.strategy import (
     WeightedFedAvg,
     parameter_names,
     uploaded,
+    weighted_fedavg,
 )
 from fedmech_flwr.testing import train_replies
 from fedmech_flwr.timing import Clock
@@ -150,7 +151,7 @@ __all__ = [
     "ClientData", "FedMechClient", "a_norm", "make_optimizer",
     # strategies
     "FedAvgConfig", "OFFERED_NODES_ONLY", "QueryContext", "REPORT_KEY", "ReportsAnotherModel", "SENT_ACCURACY",
-    "SENT_LOSS", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes", "uploaded",
+    "SENT_LOSS", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes", "uploaded", "weighted_fedavg",
     "Check", "all_of", "dense_only", "sgd_only",
     # diagnostics
     "ClientContext", "ClientUpdate", "Clock", "Diagnostic", "DiagnosticResult", "GlobalContext", "Resumable",

@@ -213,3 +213,10 @@ class WeightedFedAvg(FedAvg):
         strategy's own metrics of the round, added to the returned MetricRecord (with
         ``aggregate-seconds``, the server's time to aggregate)."""
         return weighted_mean(models, weights), {}
+
+
+def weighted_fedavg(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
+    # The factory of FedAvg and of the methods whose server averages as FedAvg does (their
+    # rule lives in their client). No docstring: a registered entry's summary is then its
+    # registering module's, which names the method's paper.
+    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)

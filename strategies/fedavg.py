@@ -7,11 +7,9 @@ subclass it.
 
 from __future__ import annotations
 
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
+from fedmech_flwr.api import STRATEGIES, FedAvgConfig, WeightedFedAvg, weighted_fedavg
 
 __all__ = ["FedAvgConfig", "WeightedFedAvg", "fedavg"]
 
 
-@STRATEGIES.register("fedavg", FedAvgConfig)
-def fedavg(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
-    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+STRATEGIES.register("fedavg", FedAvgConfig)(weighted_fedavg)

@@ -10,15 +10,7 @@ direction).
 
 from __future__ import annotations
 
-from fedmech_flwr.api import (
-    OFFERED_NODES_ONLY,
-    STRATEGIES,
-    FedAvgConfig,
-    Metric,
-    Outputs,
-    StrategyContext,
-    WeightedFedAvg,
-)
+from fedmech_flwr.api import STRATEGIES, FedAvgConfig, Metric, Outputs, weighted_fedavg
 
 OUTPUTS = Outputs("FedDecorr (strategy)", {
     "feddecorr_loss": Metric("FedDecorr ||K||_F^2 / d^2 of the clients' features (mean)", ("feddecorr_loss",),
@@ -26,6 +18,4 @@ OUTPUTS = Outputs("FedDecorr (strategy)", {
 }, curves=("feddecorr_loss",))
 
 
-@STRATEGIES.register("feddecorr", FedAvgConfig, pairs_with=("feddecorr",), outputs=OUTPUTS)
-def feddecorr(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
-    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+STRATEGIES.register("feddecorr", FedAvgConfig, pairs_with=("feddecorr",), outputs=OUTPUTS)(weighted_fedavg)

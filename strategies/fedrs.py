@@ -9,9 +9,7 @@ client that would silently train plain FedAvg.
 
 from __future__ import annotations
 
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
+from fedmech_flwr.api import STRATEGIES, FedAvgConfig, weighted_fedavg
 
 
-@STRATEGIES.register("fedrs", FedAvgConfig, pairs_with=("fedrs",))
-def fedrs(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
-    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+STRATEGIES.register("fedrs", FedAvgConfig, pairs_with=("fedrs",))(weighted_fedavg)

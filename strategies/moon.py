@@ -10,15 +10,7 @@ model, in its first round, leaves the term out).
 
 from __future__ import annotations
 
-from fedmech_flwr.api import (
-    OFFERED_NODES_ONLY,
-    STRATEGIES,
-    FedAvgConfig,
-    Metric,
-    Outputs,
-    StrategyContext,
-    WeightedFedAvg,
-)
+from fedmech_flwr.api import STRATEGIES, FedAvgConfig, Metric, Outputs, weighted_fedavg
 
 OUTPUTS = Outputs("MOON (strategy)", {
     "moon_contrastive_loss": Metric("MOON contrastive loss l_con (clients' mean)", ("moon_contrastive_loss",),
@@ -28,6 +20,4 @@ OUTPUTS = Outputs("MOON (strategy)", {
 }, curves=("moon_contrastive_loss", "moon_contrasted"))
 
 
-@STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)
-def moon(params: FedAvgConfig, ctx: StrategyContext) -> WeightedFedAvg:
-    return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
+STRATEGIES.register("moon", FedAvgConfig, pairs_with=("moon",), outputs=OUTPUTS)(weighted_fedavg)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from fedmech_flwr.arrays import from_record, load_arrays, save_arrays, weighted_mean
-from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig, WeightedFedAvg, fedavg
+from fedmech_flwr import plugins
+from fedmech_flwr.api import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api import weighted_fedavg as fedavg
 from fedmech_flwr.strategy import STRATEGIES
 
 NUM_EXAMPLES = [10, 30, 60]
@@ -107,6 +109,7 @@ def test_no_valid_replies_gives_none(messages):
 
 
 def test_registered_factory_trains_every_offered_node():
+    plugins.load()
     assert "fedavg" in STRATEGIES
     strategy = STRATEGIES.get("fedavg").factory(FedAvgConfig(weighting="uniform"), None)
     assert isinstance(strategy, WeightedFedAvg) and strategy.weighting == "uniform"
