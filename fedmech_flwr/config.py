@@ -92,13 +92,17 @@ def component(kind: str, **kwargs: Any) -> Any:
 
 @dataclass
 class DiagnosticSpec:
-    """A diagnostic plug-in run after aggregation every ``every`` rounds."""
+    """A diagnostic plug-in run after aggregation every ``every`` rounds, or after exactly
+    the ``rounds`` listed (a long run measured at a few horizons, e.g. ``[3, 10, 20]``)."""
 
     name: str
     every: int
     params: Any
+    rounds: tuple[int, ...] | None = None
 
     def due(self, server_round: int) -> bool:
+        if self.rounds is not None:
+            return server_round in self.rounds
         return server_round % self.every == 0
 
     def build(self) -> Any:
@@ -106,7 +110,8 @@ class DiagnosticSpec:
         return _registry("diagnostic").get(self.name).factory(self.params)
 
     def to_plain(self) -> dict[str, Any]:
-        return {"name": self.name, "every": self.every, **to_plain(self.params)}
+        when = {"every": self.every} if self.rounds is None else {"rounds": list(self.rounds)}
+        return {"name": self.name, **when, **to_plain(self.params)}
 
 
 def _parse_diagnostics(raw: Any, where: str) -> list[DiagnosticSpec]:
@@ -114,12 +119,29 @@ def _parse_diagnostics(raw: Any, where: str) -> list[DiagnosticSpec]:
         raise ConfigError(f"expected a list of diagnostics, got {brief(raw)}", where)
     specs = []
     for i, item in enumerate(raw):
-        comp, taken = _parse_component("diagnostic", item, f"{where}[{i}]", extra=("every",))
+        here = f"{where}[{i}]"
+        comp, taken = _parse_component("diagnostic", item, here, extra=("every", "rounds"))
+        if "every" in taken and "rounds" in taken:
+            raise ConfigError("give either every or rounds, not both", here)
         every = taken.get("every", 1)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"every must be an integer >= 1, got {brief(every)}", f"{where}[{i}].every")
-        specs.append(DiagnosticSpec(comp.name, every, comp.params))
+        if not _is_round(every):
+            raise ConfigError(f"every must be an integer >= 1, got {brief(every)}", f"{here}.every")
+        specs.append(DiagnosticSpec(comp.name, every, comp.params, _parse_rounds(taken.get("rounds"), f"{here}.rounds")))
     return specs
+
+
+def _is_round(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _parse_rounds(raw: Any, where: str) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or not all(_is_round(r) for r in raw):
+        raise ConfigError(f"rounds must be a non-empty list of integers >= 1, got {brief(raw)}", where)
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"rounds lists a round twice: {brief(raw)}", where)
+    return tuple(sorted(raw))
 
 
 @dataclass

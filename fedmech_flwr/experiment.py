@@ -84,6 +84,11 @@ def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
                         num_classes=data.num_classes, image_size=data.input_shape[1])
     except ConfigError as err:
         raise ConfigError(err.message, join_key(where, err.where)) from err
+    for i, spec in enumerate(cfg.diagnostics):
+        late = [r for r in spec.rounds or () if r > cfg.federation.num_rounds]
+        if late:
+            raise ConfigError(f"rounds {late} come after the last round ({cfg.federation.num_rounds}) and would never run",
+                              join_key(where, f"{PLUGIN_KEYS['diagnostic']}[{i}].rounds"))
     registries = plugin_registries()
     for kind, chosen, key in _chosen(cfg):
         check = registries[kind].get(chosen.name).check

@@ -135,6 +135,24 @@ def test_diagnostic_every_must_be_positive_int():
     assert err.where.endswith(LOC + "diagnostics[0].every")
 
 
+def test_diagnostic_rounds_run_after_exactly_those_rounds():
+    spec = smoke_config(["diagnostics=[{name: weight_divergence, rounds: [2, 1]}]"]).diagnostics[0]
+    assert [r for r in range(1, 6) if spec.due(r)] == [1, 2]
+    assert spec.to_plain()["rounds"] == [1, 2] and "every" not in spec.to_plain()
+    for bad, says in [("rounds: []", "non-empty list"), ("rounds: [0]", "non-empty list"),
+                      ("rounds: [true]", "non-empty list"), ("rounds: [1, 1]", "lists a round twice"),
+                      ("rounds: [1], every: 2", "either every or rounds")]:
+        err = config_error(f"diagnostics=[{{name: weight_divergence, {bad}}}]")
+        assert says in str(err), bad
+        assert (LOC + "diagnostics[0]") in err.where
+
+
+def test_diagnostic_rounds_after_the_last_round_are_refused():
+    err = config_error("diagnostics=[{name: weight_divergence, rounds: [1, 9]}]")
+    assert "rounds [9] come after the last round (2) and would never run" in str(err)
+    assert err.where.endswith(LOC + "diagnostics[0].rounds")
+
+
 @pytest.mark.parametrize("section", ["data", "model", "client", "strategy", "name"])
 def test_missing_required_section(section):
     raw = raw_smoke()

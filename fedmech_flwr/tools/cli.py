@@ -116,7 +116,7 @@ def _listing(kind: str, registry: Registry, width: int) -> str:
     key = PLUGIN_KEYS[kind]
     if kind == "diagnostic":
         header = (f"{plural.upper()}, listed in {key}: [{{name: NAME, every: N, KEY: VALUE, ...}}, ...] "
-                  "(every: run after every N-th round, default 1)")
+                  "(every: run after every N-th round, default 1; or rounds: [3, 10, 20], after exactly those)")
     else:
         header = f"{plural.upper()}, chosen by {key}: {{name: NAME, KEY: VALUE, ...}}"
     return "\n\n".join([header, *(_entry_text(kind, registry.get(name), width) for name in registry.names())])

@@ -131,7 +131,8 @@ def configuration_page() -> str:
         "| key | chooses | written as |", "|---|---|---|",
     ]
     for kind, key in PLUGIN_KEYS.items():
-        written = ("`[{name: NAME, every: N, KEY: VALUE}, ...]` (every: after every N-th round, default 1)"
+        written = ("`[{name: NAME, every: N, KEY: VALUE}, ...]` (every: after every N-th round, default 1; "
+                   "or rounds: [3, 10, 20], after exactly those)"
                    if kind == "diagnostic" else "`{name: NAME, KEY: VALUE, ...}`")
         out.append(f"| `{key}` | a registered {kind}: [catalogue](plugins.md#{kinds[kind]}) | {written} |")
     for section in sections:
@@ -189,7 +190,7 @@ def plugins_page() -> str:
         plural = kinds[kind]
         entries = _built_in(registries[kind])
         written = ("`diagnostics: [{name: NAME, every: N, KEY: VALUE, ...}, ...]` (every: run after every N-th "
-                   "round, default 1)" if kind == "diagnostic" else f"`{key}: {{name: NAME, KEY: VALUE, ...}}`")
+                   "round, default 1; or rounds: [3, 10, 20], after exactly those)" if kind == "diagnostic" else f"`{key}: {{name: NAME, KEY: VALUE, ...}}`")
         out += ["", f"## {plural.capitalize()} {{#{plural}}}", "", f"Chosen by {written}.", "",
                 " · ".join(f"[`{e.name}`](#{_anchor(kind, e.name)})" for e in entries)]
         for entry in entries:
