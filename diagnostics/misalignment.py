@@ -221,13 +221,14 @@ class Misalignment(Diagnostic):
         clock.lap("layers")
         if p.probe_clients:
             results["clients"] = {
-                str(pid): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test, splits, n, probe_seed)
-                for pid, update in state.clients.items()
+                str(partition_id): self._client(state.build_model(update.arrays), x_audit, y_audit, x_test, y_test,
+                                                splits, n, probe_seed)
+                for partition_id, update in state.clients.items()
             }
         clock.lap("clients")
         results["server_seconds"] = clock.laps
-        results["client_seconds"] = {str(pid): u.global_diagnostics.get("misalignment", {}).get("seconds")
-                                     for pid, u in state.clients.items()}
+        results["client_seconds"] = {str(partition_id): u.global_diagnostics.get("misalignment", {}).get("seconds")
+                                     for partition_id, u in state.clients.items()}
         results["split"] = {"train": len(splits.train), "validation": len(splits.validation), "head": len(splits.head)}
         log.info(
             "round %d | global %.1f%% | probe %.1f%% (%+.1f pp) | realigned %.1f%% (%+.1f pp)",

@@ -66,7 +66,7 @@ class WeightDivergence(Diagnostic):
         g_flat, step = flat(g), flat(g) - flat(p)
         clients: dict[str, Any] = {}
         distance = np.zeros((len(state.clients), len(layers)))
-        for row, (pid, update) in enumerate(state.clients.items()):
+        for row, (partition_id, update) in enumerate(state.clients.items()):
             w = update.arrays
             distance[row] = [_norm(w[k] - g[k]) / (_norm(g[k]) or 1.0) for k in layers]
             entry = {
@@ -77,7 +77,7 @@ class WeightDivergence(Diagnostic):
             }
             if self.params.per_layer:
                 entry["layer_relative_distance"] = dict(zip(layers, distance[row].tolist()))
-            clients[str(pid)] = entry
+            clients[str(partition_id)] = entry
         summary = {
             key: float(np.mean([c[key] for c in clients.values() if c[key] is not None] or [np.nan]))
             for key in ("relative_distance", "update_cosine", "support_iou")
@@ -93,10 +93,10 @@ class WeightDivergence(Diagnostic):
 
         series: dict[str, dict[str, list[tuple[int, float]]]] = {"relative_distance": {}, "update_cosine": {}, "support_iou": {}}
         for rec in records:
-            for pid, entry in rec["clients"].items():
+            for partition_id, entry in rec["clients"].items():
                 for key, lines in series.items():
                     if entry[key] is not None:
-                        lines.setdefault(f"client {pid}", []).append((rec["round"], entry[key]))
+                        lines.setdefault(f"client {partition_id}", []).append((rec["round"], entry[key]))
         titles = {
             "relative_distance": "Client drift ||w_i - g|| / ||g||",
             "update_cosine": "cos(client update, global update)",

@@ -22,12 +22,13 @@ import yaml
 from fedmech_flwr import plugins
 from fedmech_flwr.client import CLIENTS
 from fedmech_flwr.data import DATASETS
-from fedmech_flwr.errors import ConfigError, brief
+from fedmech_flwr.errors import ConfigError, brief, shape
 from fedmech_flwr.hooks import DIAGNOSTICS
 from fedmech_flwr.models import MODELS
 from fedmech_flwr.partition import PARTITIONERS
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.registry import Registry
+from fedmech_flwr.safe_text import CONTROL, printable
 from fedmech_flwr.strategy import STRATEGIES
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
@@ -190,15 +191,16 @@ class SimulationConfig:
     ``ray start``) or its ``HOST:PORT``; null starts a private Ray instance per run."""
 
 
-RUN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
-"""A run name: it becomes a folder name under the output root, so never a path."""
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+"""A run name: it becomes a folder name under the output root, so never a path, nor an
+option (``-x``) to a command it is passed to, nor a formula (``-A1``) in a spreadsheet."""
 
 
 def _parse_name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or not RUN_NAME.fullmatch(raw):
         raise ConfigError(
-            f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 "
-            f"characters), got {brief(raw)}: it names the run folder inside the output root",
+            f"name must be letters, digits, '.', '_' or '-' (starting with a letter, a digit or '_', at most "
+            f"200 characters), got {brief(raw)}: it names the run folder inside the output root",
             where,
         )
     return raw
@@ -326,10 +328,28 @@ def _check_pairing(cfg: ExperimentConfig, where: str) -> None:
             )
 
 
+def _check_text(node: Any, where: str) -> None:
+    """Refuse a control character in any key or string of a raw config (``\\e`` or
+    ``\\n`` written in a quoted YAML string): config text ends up in folder names, on the
+    console and in the report, where it would act rather than read."""
+    if isinstance(node, str) and (found := CONTROL.search(node)):
+        raise ConfigError(f"got {brief(node)}, which holds the control character '{printable(found.group())}': "
+                          "a config value is plain text on one line; remove it", where)
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = join_key(where, printable(str(key)))
+            _check_text(key, here)
+            _check_text(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_text(value, f"{where}[{i}]")
+
+
 def parse_structure(raw: Any, source: str) -> ExperimentConfig:
     """A plain mapping (YAML contents) as an ExperimentConfig: keys, types, ranges, names
     and the rules between fields; no data read (``experiment.parse_experiment`` checks
     it against its data too). ``source`` names the file in error messages."""
+    _check_text(raw, f"{source}:")
     load_plugins(raw, source)
     cfg = parse_dataclass(ExperimentConfig, raw, f"{source}:")
     _check_cross_field(cfg, f"{source}: ")
@@ -339,6 +359,7 @@ def parse_structure(raw: Any, source: str) -> ExperimentConfig:
 def parse_flower_app(raw: Any, source: str) -> FlowerAppConfig:
     """A plain mapping as a FlowerAppConfig: keys, types, ranges, diagnostic names and the
     federation's rules; ``source`` names where it came from in error messages."""
+    _check_text(raw, f"{source}:")
     cfg = parse_dataclass(FlowerAppConfig, raw, f"{source}:")
     _check_federation(cfg.federation, f"{source}: ")
     return cfg
@@ -416,8 +437,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"expected a mapping of keys (name:, data:, ...), got {type(raw).__name__} {brief(raw)}",
-                          str(path))
+        raise ConfigError(f"expected an experiment or sweep file, a mapping of keys (name:, data:, ...), got "
+                          f"{shape(raw)}", str(path))
     return raw
 
 

@@ -3,15 +3,21 @@
 Each registered factory decodes its files once (idx ``.gz``, ``.npz`` or torchvision's
 arrays) and normalises the full arrays in one go: there are no per-sample PIL transforms.
 Nothing is ever downloaded; a missing dataset raises DataNotFoundError that lists where
-we looked and how to get the files. ``dataset_info`` gives a dataset's labels and shapes
-without decoding its images, for the checks made before a run starts.
+we looked and how to get the files. Every array's header (shape, dtype) is checked
+against the bytes its file holds and the layout the dataset expects before any array is
+read (``StoredArray``), so a damaged file is refused in one line, not in allocation.
+``dataset_info`` gives a dataset's labels and shapes, its files checked, without decoding
+its images, for the checks made before a run starts.
 """
 
 from __future__ import annotations
 
 import gzip
 import logging
+import math
 import os
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.errors import BadFileError, ConfigError, DataNotFoundError
 from fedmech_flwr.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -214,31 +220,91 @@ def data_home() -> Path:
     return Path("~/.cache/fedmech/data").expanduser()
 
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read a gzipped idx file (the MNIST format) into an array of its stored shape.
+@dataclass(frozen=True)
+class StoredArray:
+    """An array as its file's header claims it, read without reading the array. Loaders
+    check it (``fits``, then its layout) before allocating anything, so a damaged or
+    foreign header is refused in one line instead of failing in allocation."""
+
+    what: str
+    """The file, and the array in it for an .npz (``/data/cifar10.npz: x_train``)."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def fits(self, held: int, holder: str) -> None:
+        """A BadFileError unless the claimed shape and dtype make exactly the ``held``
+        bytes that ``holder`` (``the member``, ``the file``) holds."""
+        if self.nbytes != held:
+            raise BadFileError(f"{self.what} claims shape {self.shape} {self.dtype} = {self.nbytes:,} bytes but "
+                               f"{holder} holds {held:,} bytes; the file is damaged or cut short: get a good copy")
+
+
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+"""The .npy header versions ``numpy.savez`` writes, and their public readers."""
+
+
+def npz_arrays(path: Path) -> dict[str, StoredArray]:
+    """The arrays of the .npz at ``path`` by name, as their .npy headers claim them, each
+    checked against the bytes its zip member holds (``StoredArray.fits``); none is read."""
+    arrays = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                name = info.filename.removesuffix(".npy")
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in NPY_HEADER_READERS:
+                        raise BadFileError(f"{path}: {name} is in .npy format {version}; write it with numpy.savez")
+                    shape, _, dtype = NPY_HEADER_READERS[version](member)
+                    held = info.file_size - member.tell()
+                arrays[name] = StoredArray(f"{path}: {name}", shape, dtype)
+                arrays[name].fits(held, "the member")
+    except BadFileError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise BadFileError(f"{path} is not an npz of .npy arrays ({type(err).__name__}: {err}); "
+                           "write it with numpy.savez") from err
+    return arrays
+
+
+def idx_array(path: Path) -> StoredArray:
+    """The array a gzipped idx file (the MNIST format) claims, checked against the bytes
+    the file holds by gzip's size field (its last 4 bytes), without decompressing it.
 
     Header: two zero bytes, a type code, the number of dims, then each dim as a
-    big-endian int32; the data follows.
+    big-endian int32; the data follows. gzip's size field is the size modulo 2^32: idx
+    datasets (tens of MB) stay far below it, so a claim of 4 GiB or more is refused.
     """
+    try:
+        with gzip.open(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in _IDX_DTYPES:
+                raise BadFileError(f"{path} is not an idx file (magic bytes {head.hex()})")
+            dims = f.read(4 * head[3])
+        with open(path, "rb") as raw:
+            raw.seek(-4, os.SEEK_END)
+            held = int.from_bytes(raw.read(4), "little") - len(head) - len(dims)
+    except (OSError, EOFError, zlib.error) as err:
+        raise BadFileError(f"{path} is not a gzipped idx file ({type(err).__name__}: {err})") from err
+    if len(dims) < 4 * head[3]:
+        raise BadFileError(f"{path} ends inside its idx header ({head[3]} dimensions claimed)")
+    stored = StoredArray(str(path), tuple(int(d) for d in np.frombuffer(dims, ">i4")), np.dtype(_IDX_DTYPES[head[2]]))
+    stored.fits(held, "the file")
+    return stored
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """A gzipped idx file's array, its header checked (``idx_array``) before it is read."""
+    stored = idx_array(path)
     with gzip.open(path, "rb") as f:
         raw = bytearray(f.read())  # writable, so torch.from_numpy needs no copy
-    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path} is not an idx file (magic bytes {raw[:4].hex()})")
-    ndim = raw[3]
-    dims = tuple(int(d) for d in np.frombuffer(raw, ">i4", count=ndim, offset=4))
-    data = np.frombuffer(raw, _IDX_DTYPES[raw[2]], offset=4 + 4 * ndim)
-    if data.size != np.prod(dims):
-        raise ValueError(f"{path}: header says shape {dims} but holds {data.size} values")
-    return data.reshape(dims)
-
-
-def read_idx_shape(path: str | os.PathLike) -> tuple[int, ...]:
-    """The stored shape of a gzipped idx file, from its header alone."""
-    with gzip.open(path, "rb") as f:
-        head = f.read(4)
-        if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in _IDX_DTYPES:
-            raise ValueError(f"{path} is not an idx file (magic bytes {head.hex()})")
-        return tuple(int(d) for d in np.frombuffer(f.read(4 * head[3]), ">i4"))
+    start = 4 + 4 * len(stored.shape)
+    stored.fits(len(raw) - start, "the file")  # a gzip of several members gives only the last one's size field
+    return np.frombuffer(raw, stored.dtype, offset=start).reshape(stored.shape)
 
 
 def _normalise(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -298,18 +364,37 @@ def _idx_dir(name: str, dirs: Sequence[Path], how: str) -> Path:
     raise _missing(name, looked, how)
 
 
+IDX_IMAGE_SIZE = (28, 28)
+"""Height and width of the images of the idx datasets here (Fashion-MNIST, MNIST)."""
+
+
+def _idx_arrays(d: Path) -> list[StoredArray]:
+    """The four idx files' arrays (``IDX_FILES``) as their headers claim them, checked
+    before any is read: their sizes, uint8 images [N, 28, 28], integer labels [N]."""
+    arrays = [idx_array(d / f) for f in IDX_FILES]
+    for images, labels in (arrays[:2], arrays[2:]):
+        if images.dtype != np.uint8 or images.shape[1:] != IDX_IMAGE_SIZE:
+            raise BadFileError(f"{images.what} holds {images.dtype} {images.shape}; expected uint8 images "
+                               f"[N,{IDX_IMAGE_SIZE[0]},{IDX_IMAGE_SIZE[1]}]")
+        if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
+            raise BadFileError(f"{labels.what} holds {labels.dtype} {labels.shape} for {images.shape[0]} images; "
+                               f"expected integer labels [{images.shape[0]}]")
+    return arrays
+
+
 def _load_idx_dataset(name: str, d: Path, class_names: Sequence[str], mean: float, std: float) -> DatasetBundle:
+    _idx_arrays(d)
     log.info("%s: reading idx files from %s", name, d)
     arrays = [read_idx(d / f) for f in IDX_FILES]
     return _bundle(name, arrays, class_names, (mean,), (std,))
 
 
 def _idx_info(d: Path, num_classes: int) -> DataInfo:
-    """Labels and image shape of an idx dataset, without reading its images."""
-    train_images, train_labels, test_images, _ = IDX_FILES
-    y_train = torch.from_numpy(read_idx(d / train_labels).astype(np.int64))
-    height, width = read_idx_shape(d / train_images)[1:]
-    return DataInfo(y_train, read_idx_shape(d / test_images)[0], num_classes, (1, height, width))
+    """Labels and image shape of an idx dataset, every file's header checked, without
+    reading its images."""
+    _, _, test_images, _ = _idx_arrays(d)
+    y_train = torch.from_numpy(read_idx(d / IDX_FILES[1]).astype(np.int64))
+    return DataInfo(y_train, test_images.shape[0], num_classes, (1, *IDX_IMAGE_SIZE))
 
 
 @dataclass
@@ -426,42 +511,45 @@ def cifar10(cfg: CIFAR10Config) -> DatasetBundle:
 
 
 def _cifar10_info(cfg: CIFAR10Config) -> DataInfo:
-    """From an .npz, the labels alone; the torchvision pickles hold labels and images
-    together, so those are loaded."""
+    """From an .npz, the labels alone, every array's header checked; the torchvision
+    pickles hold labels and images together, so those are loaded."""
     path = _cifar10_source(cfg)
     if path.suffix != ".npz":
         return DataInfo.of(load_dataset("cifar10", cfg))
+    stored = _cifar_npz_arrays(path)
     with np.load(path, allow_pickle=False) as z:
-        _check_cifar_keys(path, z.files)
-        y_train, num_test = z["y_train"], len(z["y_test"])
-    return DataInfo(torch.from_numpy(y_train.astype(np.int64)), num_test, len(CIFAR10_CLASSES), (3, 32, 32))
+        y_train = z["y_train"]
+    return DataInfo(torch.from_numpy(y_train.astype(np.int64)), stored["y_test"].shape[0], len(CIFAR10_CLASSES),
+                    (3, 32, 32))
 
 
 DESCRIBERS["cifar10"] = _cifar10_info
 
 
-def _check_cifar_keys(path: Path, files: list[str]) -> None:
-    missing = [k for k in CIFAR10_KEYS if k not in files]
+def _cifar_npz_arrays(path: Path) -> dict[str, StoredArray]:
+    """The arrays of a CIFAR-10 .npz as their headers claim them, checked before any is
+    read: their sizes (``npz_arrays``), then the four arrays' names and layout."""
+    stored = npz_arrays(path)
+    missing = [k for k in CIFAR10_KEYS if k not in stored]
     if missing:
-        raise ConfigError(
-            f"{path} is not a CIFAR-10 npz: missing array(s) {missing} (it has {files}); expected {_CIFAR_EXPECTED}"
-        )
+        raise BadFileError(f"{path} is not a CIFAR-10 npz: missing array(s) {missing} (it has {sorted(stored)}); "
+                           f"expected {_CIFAR_EXPECTED}")
+    for split in ("train", "test"):
+        x, y = stored[f"x_{split}"], stored[f"y_{split}"]
+        if x.dtype != np.uint8 or x.shape[1:] != (32, 32, 3):
+            raise BadFileError(f"{x.what} is {x.dtype} {x.shape}; expected {_CIFAR_EXPECTED}")
+        if not np.issubdtype(y.dtype, np.integer) or y.shape != x.shape[:1]:
+            raise BadFileError(f"{y.what} is {y.dtype} {y.shape} for {x.shape[0]} images; expected {_CIFAR_EXPECTED}")
+    return stored
 
 
 def _read_cifar_npz(path: Path) -> tuple[list[np.ndarray], tuple[str, ...]]:
-    """The four CIFAR-10 arrays from ``path``, checked; class names if it stores them."""
+    """The four CIFAR-10 arrays from ``path``, checked from their headers first; class
+    names if it stores them."""
+    stored = _cifar_npz_arrays(path)
     with np.load(path, allow_pickle=False) as z:
-        _check_cifar_keys(path, z.files)
         arrays = [z[k] for k in CIFAR10_KEYS]
-        names = tuple(str(n) for n in z["label_names"]) if "label_names" in z.files else ()
-    for x, y, split in ((arrays[0], arrays[1], "train"), (arrays[2], arrays[3], "test")):
-        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (32, 32, 3):
-            raise ConfigError(f"{path}: x_{split} is {x.dtype} {x.shape}; expected {_CIFAR_EXPECTED}")
-        if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
-            raise ConfigError(
-                f"{path}: y_{split} is {y.dtype} {y.shape} for {len(x)} images; "
-                f"expected {_CIFAR_EXPECTED}"
-            )
+        names = tuple(str(n) for n in z["label_names"]) if "label_names" in stored else ()
     return arrays, names if len(names) == 10 else CIFAR10_CLASSES
 
 

@@ -41,6 +41,11 @@ class RunFolderError(ValueError):
     to do instead."""
 
 
+class StartError(RuntimeError):
+    """Flower could not be started on this machine (every port tried was taken, the
+    SuperLink exited at start); the message says what was tried and where to look."""
+
+
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 80, 80
 _BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = 6
@@ -50,6 +55,17 @@ def brief(value: object) -> str:
     """A repr of a value for an error message, bounded in length and depth whatever the
     value (a list that aliases expand to millions of items prints as a few)."""
     return _BRIEF.repr(value)
+
+
+def shape(document: object) -> str:
+    """What a document is, quoting none of it (``text of 2,841 characters``, ``a list of
+    3 items``): for a whole file refused as the wrong kind, which may be anyone's (a
+    sweep's ``base:`` naming /etc/passwd) and is none of the message's business."""
+    if isinstance(document, str):
+        return f"text of {len(document):,} characters"
+    if isinstance(document, (list, dict)):
+        return f"a {type(document).__name__} of {len(document):,} items"
+    return f"a {type(document).__name__}"
 
 
 def raised_where(frames: Iterable[tuple[str, int]]) -> str | None:

@@ -62,11 +62,11 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
 def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
     """Every check of ``cfg`` that can be made before Flower starts.
 
-    Reads the dataset's labels (not its images), then runs what the ServerApp runs at
-    start: the audit set, the clients' partitions, the model, and each chosen plug-in's
-    own ``check`` (``Entry.check``). ``where`` prefixes the key paths in errors (e.g.
-    ``"x.yaml:"``). Labels and partitions are cached, so a sweep's cells cost
-    milliseconds each.
+    Reads the dataset's labels and checks its files' headers (not its images), then runs
+    what the ServerApp runs at start: the audit set, the clients' partitions, the model,
+    and each chosen plug-in's own ``check`` (``Entry.check``). ``where`` prefixes the key
+    paths in errors (e.g. ``"x.yaml:"``). Labels and partitions are cached, so a sweep's
+    cells cost milliseconds each.
     """
     dataset = cfg.data.dataset
     described = f"dataset '{dataset.name}' with {to_plain(dataset.params)}"

@@ -22,7 +22,8 @@ TEMPORARY_GLOB = ".tmp*"
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Call ``write(temporary_path)``, fsync it, then rename it to ``path``.
+    """Call ``write(temporary_path)``, fsync it, then rename it to ``path`` (the temporary
+    removed where any of it raises an error).
 
     The temporary name keeps the suffix, so writers that infer the format from it
     (matplotlib) still work.
@@ -30,10 +31,14 @@ def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp.{path.name}")
-    write(tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except Exception:  # a full disk: the old file stays, and no temporary beside it (a kill leaves one)
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

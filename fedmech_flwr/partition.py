@@ -155,7 +155,7 @@ def classes_per_client(
 @dataclass
 class ClassMapConfig:
     classes: dict[int, list[int]]
-    """Client id -> the classes it holds, e.g. {0: [0], 1: [3], 2: [6]}. Keys must be
+    """Partition id -> the classes it holds, e.g. {0: [0], 1: [3], 2: [6]}. Keys must be
     exactly 0..num_clients-1. A class held by several clients is split evenly among them;
     samples of classes nobody holds are left out of the federation."""
 

@@ -7,9 +7,11 @@ strategy, get their declared curves (``fedmech_flwr.outputs``), a flagged value 
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
+import traceback
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from fedmech_flwr.files import save_figure
+from fedmech_flwr.errors import raised_where
+from fedmech_flwr.files import save_figure, write_text_atomic
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Outputs, declarations, lookup
 
 log = logging.getLogger(__name__)
@@ -325,14 +328,69 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     for r in records:
         if r["kind"] == "diagnostic":
             diag_records[r["name"]].append(r)
+    skipped = []
     for name, recs in diag_records.items():
         if name not in DIAGNOSTICS:
             log.warning("no plug-in named %s is registered; its plots are skipped", name)
-        elif not (drawn := DIAGNOSTICS.get(name).factory.plot(recs, plots, class_names)) and name in declared:
-            out.extend(declared_curves(name, declared[name], recs, plots))
-        else:
-            out.extend(drawn)
+            continue
+        drawn, problem = _plugin_plots(DIAGNOSTICS.get(name).factory, recs, plots, class_names)
+        if problem:
+            skipped.append({"diagnostic": name, **problem})
+            log.warning("the plots of diagnostic %r were not drawn: %s in %s", name, problem["reason"], problem["where"])
+        if not drawn and name in declared:
+            drawn = declared_curves(name, declared[name], recs, plots)
+        out.extend(drawn)
     if "strategy" in declared:
         out.extend(declared_curves("strategy", declared["strategy"], [r for r in records if r["kind"] == "strategy"],
                                    plots))
+    (plots / SKIPPED_FILE).unlink(missing_ok=True)
+    if skipped:
+        write_text_atomic(plots / SKIPPED_FILE, json.dumps(skipped, indent=1))
     return out
+
+
+SKIPPED_FILE = "skipped.json"
+"""In ``plots/``: the plug-in plots that were not drawn (which, where it failed, why)."""
+
+
+def _plugin_plots(plugin: Any, records: list[dict[str, Any]], plots: Path,
+                  class_names: list[str] | None) -> tuple[list[Path], dict[str, str] | None]:
+    """A diagnostic plug-in's own figures, those a reader can open: a ``plot`` that raises,
+    or writes a file that is not a readable image, costs its figures (returned as the
+    problem: ``where`` the plug-in's file:line, and the ``reason``), never the run."""
+    import matplotlib.image
+
+    try:
+        drawn = list(plugin.plot(records, plots, class_names))
+    except Exception as err:
+        where = raised_where((f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__))
+        return [], {"where": where or _defined_at(plugin.plot), "reason": f"{type(err).__name__}: {_brief(err)}"}
+    for path in drawn:
+        try:
+            matplotlib.image.imread(path)
+        except Exception as err:
+            for other in drawn:
+                Path(other).unlink(missing_ok=True)
+            return [], {"where": _defined_at(plugin.plot),
+                        "reason": f"it wrote {path}, which is not a readable image ({_brief(err)})"}
+    return drawn, None
+
+
+def _brief(err: Exception) -> str:
+    return " ".join(str(err).split())[:200]
+
+
+def _defined_at(function: Any) -> str:
+    """``file:line`` where ``function`` is defined."""
+    try:
+        return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
+    except (OSError, TypeError):
+        return repr(function)
+
+
+def skipped_plots(run_dir: str | Path) -> list[dict[str, str]]:
+    """What ``plot_run`` could not draw in ``run_dir`` (its ``plots/skipped.json``)."""
+    from fedmech_flwr.run_folder import PLOTS_DIR
+
+    path = Path(run_dir) / PLOTS_DIR / SKIPPED_FILE
+    return json.loads(path.read_text()) if path.is_file() else []

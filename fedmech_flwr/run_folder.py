@@ -13,8 +13,10 @@
     <run>/model_final.safetensors  the final global model
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
-    <run>/status.json              running | completed | failed (+ error, writer's pid)
-    <run>/run.lock                 the ``fedmech run`` process running it (pid, host, since), while it runs
+    <run>/status.json              running | completed | failed | interrupted (+ error, resumable, and
+                                   the writer: pid, host and process start)
+    <run>/run.lock                 the ``fedmech`` process running it (pid, host, start, since), while it runs
+    <run>/.status-reserve          space kept for the status until the run completes (a full disk)
     <run>/logs/*.log               SuperLink and SuperNode logs (``fedmech deploy-local`` only)
     <run>/logs/client_failures.log the full error text (a traceback) of each failed client, appended
 
@@ -35,6 +37,7 @@ holds, and ``rewind`` drops what later rounds had written.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import logging
 import os
@@ -65,6 +68,10 @@ ENVIRONMENT_FILE = "environment.json"
 PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
+RESERVE_FILE = ".status-reserve"
+"""Space kept for the status while a run is under way: on a full disk it is given up so
+that the run can still say how it ended."""
+RESERVE_BYTES = 64 * 1024
 LOCK_FILE = "run.lock"
 FINAL_MODEL_FILE = "model_final.safetensors"
 STATE_FILE = "state.safetensors"
@@ -195,6 +202,21 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
     return records
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
+    with the pid, it names one process, so a pid the system reused reads as another one.
+    None where it cannot be read (no such process, no /proc)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    """What a lock or status.json records of the process writing it: pid, host and start."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start": process_start(os.getpid())}
+
+
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this host (a zombie, exited but not yet reaped, does not)."""
     if pid <= 0:  # os.kill would address a process group
@@ -241,6 +263,8 @@ class Writer:
     ``elsewhere`` (on another host, whose processes this host cannot see: neither alive
     nor gone as far as this host can tell, as in a folder copied from another machine or
     on a disk two machines share)."""
+    start: Any = None
+    """The process's start (``process_start``), where recorded."""
 
     @property
     def where(self) -> str:
@@ -255,12 +279,14 @@ def writer_of(doc: dict[str, Any] | None) -> Writer | None:
     name none): alive or gone when it ran on this host, ``elsewhere`` when on another."""
     if not doc or ("pid" not in doc and "host" not in doc):
         return None
-    pid, host = doc.get("pid"), doc.get("host")
+    pid, host, start = doc.get("pid"), doc.get("host"), doc.get("start")
     if host != socket.gethostname():
         state = "elsewhere"
-    else:
-        state = "alive" if isinstance(pid, int) and process_alive(pid) else "gone"
-    return Writer(pid, host, doc.get("since"), state)
+    elif not isinstance(pid, int) or not process_alive(pid):
+        state = "gone"
+    else:  # the same pid, and (where recorded) the same start: the pid was not reused
+        state = "alive" if start is None or process_start(pid) in (start, None) else "gone"
+    return Writer(pid, host, doc.get("since"), state, start)
 
 
 def lock_writer(lock_file: Path) -> Writer | None:
@@ -283,7 +309,7 @@ def live_holder(lock_file: Path) -> dict[str, Any] | None:
     writer = lock_writer(lock_file)
     if writer is None or writer.state != "alive":
         return None
-    return {"pid": writer.pid, "host": writer.host, "since": writer.since}
+    return {"pid": writer.pid, "host": writer.host, "since": writer.since, "start": writer.start}
 
 
 class FolderLock:
@@ -305,7 +331,7 @@ class FolderLock:
         mine = folder / f".tmp.{self.path.name}.{os.getpid()}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            mine.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+            mine.write_text(json.dumps({**this_process(),
                                         "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}))
         except OSError as err:
             raise RunFolderError(f"cannot write in {folder} ({err.strerror or err}); choose another --out") from None
@@ -362,6 +388,7 @@ class RunFolder:
             path = Path(out_root).expanduser().resolve() / f"{name}-{stamp}"
         path.mkdir(parents=True, exist_ok=True)
         folder = cls(path)
+        folder.reserve()
         folder.set_status("running")
         return folder
 
@@ -387,7 +414,9 @@ class RunFolder:
                 f"{path} is still being written by process {status['pid']} on this host; "
                 "stop that run first (or wait for it), then resume"
             )
-        return cls(path)
+        folder = cls(path)
+        folder.reserve()
+        return folder
 
     def write_config(self, plain_config: dict[str, Any]) -> None:
         write_text_atomic(self.path / CONFIG_FILE, yaml.safe_dump(plain_config, sort_keys=False))
@@ -411,7 +440,7 @@ class RunFolder:
         write_text_atomic(self.path / ENVIRONMENT_FILE, json.dumps(env, indent=2))
 
     def write_partitions(self, clients: list[dict[str, Any]], class_names: list[str], audit_size: int) -> None:
-        """partitions.json: one entry per client (``partition_id``: its client id,
+        """partitions.json: one entry per client (``partition_id``,
         ``num_samples``, ``label_histogram``, ``source``: ``shard`` or ``node-provided``,
         and an own-data node's ``node`` name)."""
         payload = {"num_clients": len(clients), "class_names": class_names, "audit_samples": audit_size, "clients": clients}
@@ -436,7 +465,7 @@ class RunFolder:
                 node: int | None = None) -> None:
         """Record a failed client with a one-line ``reason``; ``details`` (the client's
         whole error text, a Ray traceback say) goes to ``logs/client_failures.log``, which
-        the record names. A node refused before the first round has no client id
+        the record names. A node refused before the first round has no partition id
         (``partition_id`` None): round 0, with its ``node`` id."""
         record = {"kind": "failure", "round": server_round, "partition_id": partition_id,
                   "reason": reason, "policy": policy}
@@ -542,16 +571,51 @@ class RunFolder:
             path.unlink()
         log.info("rewound %s to round %s: removed %d later file(s)", self.path, last_round, len(later))
 
-    def set_status(self, status: str, error: str | None = None, resumable: bool | None = None) -> None:
-        """Replace status.json; it names this process, so a resume can tell a live writer.
-        A failure says why in one line (``error``) and whether resuming can help."""
+    def hand_over(self) -> bool:
+        """Leave the run's end to the ``fedmech`` process that holds ``run.lock``, which
+        keeps the logs and writes the page, then completes the run (``tools.finish``):
+        status "running" under that process's name, so that readers see a live writer
+        until it is done, and an interrupted run if it dies first. False where no live
+        process holds the lock (a user's own ``flwr run``): the caller completes the run."""
+        holder = live_holder(self.path / LOCK_FILE)
+        if holder is None:
+            return False
+        self.set_status("running", writer={k: holder[k] for k in ("pid", "host", "start")}, finishing=True)
+        return True
+
+    def set_status(self, status: str, error: str | None = None, resumable: bool | None = None,
+                   writer: dict[str, Any] | None = None, finishing: bool = False) -> None:
+        """Replace status.json; it names this process (or ``writer``, the process that
+        takes the run over: ``hand_over``, with ``finishing``), so a resume can tell a
+        live writer. A failure or an interruption says why in one line (``error``) and
+        whether resuming can help."""
         payload = {"status": status, "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                   "pid": os.getpid(), "host": socket.gethostname()}
+                   **(writer or this_process())}
+        if finishing:
+            payload["finishing"] = True
         if error:
             payload["error"] = error
         if resumable is not None:
             payload["resumable"] = resumable
-        write_text_atomic(self.path / STATUS_FILE, json.dumps(payload, indent=1))
+        text, reserve = json.dumps(payload, indent=1), self.path / RESERVE_FILE
+        try:
+            write_text_atomic(self.path / STATUS_FILE, text)
+        except OSError as err:
+            if err.errno != errno.ENOSPC or not reserve.is_file():
+                raise
+            reserve.unlink()
+            write_text_atomic(self.path / STATUS_FILE, text)
+        if status == "completed":
+            reserve.unlink(missing_ok=True)
+
+    def reserve(self) -> None:
+        """Keep ``RESERVE_BYTES`` for the status (``set_status`` gives them up on a full
+        disk); where even that cannot be written, the run goes on without."""
+        try:
+            (self.path / RESERVE_FILE).write_bytes(bytes(RESERVE_BYTES))
+        except OSError as err:
+            (self.path / RESERVE_FILE).unlink(missing_ok=True)
+            log.warning("could not keep space for the status in %s: %s", self.path, err.strerror or err)
 
 
 def writer_gone(status: dict[str, Any]) -> bool:

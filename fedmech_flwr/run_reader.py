@@ -14,10 +14,13 @@ A run's ``status``:
 - ``running``: status.json says so and its writer is alive on this host, or runs on
   another host (``writer.where`` says "not checked from here"); a cell of a running sweep
   that has no status.json yet (starting);
-- ``interrupted``: status.json says running but its writer is gone from this host; a
-  sweep cell its sweep stopped (Ctrl-C, SIGTERM) or whose sweep was killed;
+- ``interrupted``: status.json says so (Ctrl-C, SIGTERM or SIGHUP stopped its ``fedmech``
+  process), or says running but its writer is gone from this host; a sweep cell its
+  sweep stopped or whose sweep was killed;
 - ``pending``: a sweep cell not started yet; ``unknown``: a run folder with a config and
-  no status.json (killed or failed at its start).
+  no status.json (killed or failed at its start); ``never started``: a folder that holds
+  the ``run.lock`` of a ``fedmech`` process now gone (and perhaps its logs), nothing of
+  a run (while that process lives: running, "starting").
 
 A sweep's manifest has the last word on a cell that did not complete (``failed``: rerun
 only with ``--retry-failed``; ``interrupted``: resumed by the same ``fedmech sweep``
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +39,12 @@ from typing import Any
 
 from fedmech_flwr import plugins
 from fedmech_flwr.config import load_plugins
-from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
+from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, brief, shape
 from fedmech_flwr.outputs import records_of
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
+    LOCK_FILE,
     METRICS_FILE,
     PARTITIONS_FILE,
     STATUS_FILE,
@@ -65,7 +70,8 @@ class FolderRun:
     name: str
     path: Path
     status: str = "pending"
-    """completed | failed | running | interrupted | pending | unknown (see the module's docstring)."""
+    """completed | failed | running | interrupted | pending | unknown | never started (see
+    the module's docstring)."""
     error: str | None = None
     """Why it failed or was interrupted, in one line."""
     writer: Writer | None = None
@@ -170,7 +176,8 @@ def _text(value: Any) -> str:
 def _num_rounds(config: dict[str, Any] | None, path: Path) -> int | None:
     rounds = ((config or {}).get("federation") or {}).get("num_rounds")
     if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool)):
-        raise BadFileError(f"{path}: expected an integer federation.num_rounds, got {rounds!r}; the file was damaged")
+        raise BadFileError(f"{path}: expected an integer federation.num_rounds, got {brief(rounds)}; the file was "
+                           "damaged")
     return rounds
 
 
@@ -183,7 +190,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     except ValueError as err:
         raise BadFileError(f"{path} is not JSON ({err}); the file was damaged") from None
     if not isinstance(doc, dict):
-        raise BadFileError(f"{path}: expected a JSON object, got {str(doc)[:80]}; the file was damaged")
+        raise BadFileError(f"{path}: expected a JSON object, got {shape(doc)}; the file was damaged")
     return doc
 
 
@@ -196,20 +203,24 @@ def _reason(own: str | None, sweep: str | None) -> str | None:
 
 
 def _folder_state(run: FolderRun, status: dict[str, Any]) -> tuple[str, str | None]:
-    """The state and reason status.json gives, with the writer's liveness applied."""
+    """The state and reason status.json gives, with the writer's liveness applied. A run
+    whose rounds are done and whose end this very process is writing (``finishing``: its
+    page, say) reads as completed: it is, once that page is on disk."""
     state = status["status"]
     if state == "running":
         run.writer = writer_of(status)
         if run.writer and run.writer.state == "gone":
             return "interrupted", ("its process ended without recording an outcome; continue it with "
                                    f"`fedmech run --resume {run.path}`")
+        if status.get("finishing") and run.writer and run.writer.state == "alive" and run.writer.pid == os.getpid():
+            return "completed", None
         return "running", None
-    if state == "failed":
+    if state in ("failed", "interrupted"):
         run.resumable = status.get("resumable") is not False
-        return "failed", status.get("error") or "no reason recorded"
+        return state, status.get("error") or "no reason recorded"
     if state != "completed":
-        raise BadFileError(f"{run.path / STATUS_FILE}: status {state!r} is none of running, completed, failed; the "
-                           'file was damaged: restore it, or write {"status": "failed"} into it')
+        raise BadFileError(f"{run.path / STATUS_FILE}: status {state!r} is none of running, completed, failed, "
+                           'interrupted; the file was damaged: restore it, or write {"status": "failed"} into it')
     return state, None
 
 
@@ -221,7 +232,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         run.config = read_yaml_file(path / CONFIG_FILE) or {}
         if not isinstance(run.config, dict):
             raise BadFileError(f"{path / CONFIG_FILE}: expected the resolved experiment config (a mapping), got "
-                               f"{str(run.config)[:80]}; the file was damaged")
+                               f"{shape(run.config)}; the file was damaged")
     run.num_rounds = _num_rounds(run.config, path / CONFIG_FILE)
     sweep_error, run.error = run.error, None
     if claimed == "running" and not sweep_running:
@@ -333,9 +344,22 @@ def read_folder(path: str | Path) -> FolderRun | SweepFolder:
         return read_sweep(path)
     if (path / STATUS_FILE).is_file():
         return read_run(path)
+    if (path / LOCK_FILE).is_file() and not (path / CONFIG_FILE).is_file():
+        return _not_started(path)
     if not path.exists():
         raise RunFolderError(f"{path} does not exist; give a run folder or a sweep folder")
     raise RunFolderError(f"{path} {NOT_A_FOLDER}")
+
+
+def _not_started(path: Path) -> FolderRun:
+    """A folder holding only what a ``fedmech run`` makes before its run starts (its
+    lock, and the logs of a start that failed)."""
+    writer = lock_writer(path / LOCK_FILE)
+    if writer is not None and writer.state != "gone":
+        return FolderRun(path.name, path, "running", writer=writer if writer.state == "elsewhere" else None)
+    logs = " (its logs/ says why)" if (path / "logs").is_dir() else ""
+    return FolderRun(path.name, path, "never started", error=(
+        f"the fedmech process that made it ended before the run began{logs}; nothing to resume: delete the folder"))
 
 
 def read_inputs(paths: list[Path]) -> tuple[dict[str, Any] | None, list[FolderRun]]:

@@ -13,6 +13,8 @@ side. The config key ``tensorboard: false`` turns the files off.
 from __future__ import annotations
 
 import math
+import shutil
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +27,23 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 class EventFiles:
-    """The event files of one run folder."""
+    """The event files of one run folder, written whole: a resumed run replaces those of
+    its earlier launches (which a kill or a full disk may have torn, and which hold the
+    rounds the resume rewound) by the ``records`` it kept, then goes on."""
 
-    def __init__(self, run_dir: Path, config_yaml: str, class_names: Sequence[str]) -> None:
+    def __init__(self, run_dir: Path, config_yaml: str, class_names: Sequence[str],
+                 records: Sequence[dict[str, Any]] = ()) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported only by runs that write them
 
+        shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
         self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
         self.class_names = list(class_names)
         self.writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), 0)  # markdown: a code block
+        by_round = defaultdict(list)
+        for record in records:
+            by_round[record["round"]].append(record)
+        for server_round, kept in sorted(by_round.items()):
+            self.round(server_round, kept)
 
     def round(self, server_round: int, records: list[dict[str, Any]]) -> None:
         """The declared metrics of the records of round ``server_round`` (``RunFolder.recent``)."""

@@ -27,8 +27,9 @@ bytes under this key in a train reply's report, the server's copy for resuming."
 UPLOAD_PREFIX = "upload:"
 """Report keys ``upload:<name>``: packed arrays a client sends its strategy besides the
 weights (``FedMechClient.upload``)."""
-CLIENT_IDS_KEY = "fedmech-client-ids"
-"""ConfigRecord key holding ``{node_id: client_id}`` as JSON (own-data nodes learn their id)."""
+PARTITION_IDS_KEY = "fedmech-client-ids"
+"""ConfigRecord key holding ``{node_id: partition_id}`` as JSON (own-data nodes learn their
+partition id)."""
 
 
 def query_nodes(

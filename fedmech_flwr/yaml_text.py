@@ -4,8 +4,9 @@
 PyYAML's safe loader accepts what a config cannot mean: a key written twice (the second
 block silently replaces the first whole), aliases that expand to billions of nodes (a few
 lines that take minutes and gigabytes to walk or print), bytes that are not UTF-8, and
-nesting deep enough to overflow Python's stack.
-Each is a ``ConfigError`` here, naming the file and the lines or byte.
+nesting deep enough to overflow Python's stack; and it refuses a raw control character (an
+ESC) with a traceback. Each is a one-line ``ConfigError`` here, naming the file and the
+lines, byte or character.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from fedmech_flwr.errors import ConfigError, brief
+from fedmech_flwr.safe_text import printable
 
 MAX_NODES = 100_000
 """The most nodes a document may hold with its aliases expanded (configs have hundreds)."""
@@ -65,7 +67,13 @@ def _expanded_size(node: Node, sizes: dict[int, int]) -> int:
 
 def load_yaml(text: str, source: str) -> Any:
     """Parse one YAML document; ``source`` names it in errors (a file, ``--set``)."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # it refuses a character YAML does not allow, before parsing
+    except yaml.reader.ReaderError as err:
+        line = text.count("\n", 0, err.position) + 1
+        column = err.position - text.rfind("\n", 0, err.position)
+        raise ConfigError(f"character '{printable(chr(err.character))}' (U+{err.character:04X}) on line {line}, column "
+                          f"{column} is not allowed in YAML text: remove it", source) from None
     loader.source = source
     try:
         node = loader.get_single_node()

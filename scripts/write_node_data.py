@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     plugins.load()
     try:
         cfg = load_experiment(args.experiment, args.set)
-        clients = [int(c) for c in args.clients.split(",")] if args.clients else None
-        for path in write_node_data(cfg, args.out, clients, args.format):
+        partition_ids = [int(c) for c in args.clients.split(",")] if args.clients else None
+        for path in write_node_data(cfg, args.out, partition_ids, args.format):
             print(path)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

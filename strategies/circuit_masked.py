@@ -107,13 +107,14 @@ class CircuitMaskedAvg(WeightedFedAvg):
         sets = []
         for content in contents:
             report = content.config_records[REPORT_KEY]
-            pid = int(report["partition-id"])
+            partition_id = int(report["partition-id"])
             results = decode_results(report)
             if CIRCUITS not in results:
-                raise RuntimeError(f"round {server_round}: client {pid} sent no local circuits; "
+                raise RuntimeError(f"round {server_round}: client {partition_id} sent no local circuits; "
                                    "circuit_masked_avg needs the circuits diagnostic every round")
             used = circuit_channels(results[CIRCUITS]["masks"], self.layers)
-            sets.append(used if self.channels == "circuits" else random_like(used, self.seed, server_round, pid))
+            random = self.channels != "circuits"
+            sets.append(random_like(used, self.seed, server_round, partition_id) if random else used)
         return sets
 
     def average(

@@ -75,6 +75,22 @@ def _seed_and_threads():
     yield
 
 
+@pytest.fixture
+def disk(tmp_path):
+    """A 16 MiB tmpfs (``faults.fill`` fills it); skipped where it cannot be mounted (root
+    only); unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={16 * 2**20}", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): the fault-injection tier needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 def smoke_config(overrides: list[str] | None = None) -> ExperimentConfig:
     """The validated smoke experiment, with ``key=value`` overrides applied."""
     plugins.load()
@@ -228,9 +244,9 @@ def assert_same_run(reference: Path, resumed: Path) -> None:
     assert lost_bytes(reference, resumed) == 0
 
 
-def killed_then_resumed(overrides: list[str], out: Path, client: int, at_round: int) -> NamedArrays:
+def killed_then_resumed(overrides: list[str], out: Path, partition_id: int, at_round: int) -> NamedArrays:
     """Run the smoke config with ``overrides`` once uninterrupted and once killed in client
-    ``client``'s training in round ``at_round``; resume the killed run in process and check
+    ``partition_id``'s training in round ``at_round``; resume the killed run in process and check
     it ends as the uninterrupted one. Returns the resume point the kill left (its ``round``
     and saved state), for what a test must find in it."""
     from faults import Fault, SimulatedCrash, faulty_app
@@ -238,7 +254,7 @@ def killed_then_resumed(overrides: list[str], out: Path, client: int, at_round: 
 
     reference = run_in_process(smoke_config(overrides), out / "reference")
     with pytest.raises(SimulatedCrash):
-        run_in_process(smoke_config(overrides), out / "killed", faulty_app(Fault("crash", client, at_round)))
+        run_in_process(smoke_config(overrides), out / "killed", faulty_app(Fault("crash", partition_id, at_round)))
     [run] = run_folders(out / "killed")
     as_killed(run)
     left = load_arrays(run / STATE_FILE)

@@ -7,13 +7,18 @@ array with NaN / Inf), ``hang`` (the client replies ``HANG_S`` seconds late; use
 ``federation.round_timeout_s`` below that), ``explode`` (finite weights so large that
 the global model's loss overflows), ``crash`` (the whole run dies, as under SIGKILL).
 ``INJECTED`` counts the faults injected in this test session, by kind.
+
+A full disk: ``fill`` fills a small tmpfs (the ``disk`` fixture) with a ballast file at
+the moment a test chooses.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Context, Message
@@ -34,14 +39,14 @@ class SimulatedCrash(BaseException):
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    partition: int
+    partition_id: int
     round: int
 
 
 def faulty_app(*faults: Fault) -> ClientApp:
     """The real ClientApp, except that each fault fires for its partition and round."""
     app = ClientApp()
-    by_target = {(f.partition, f.round): f.kind for f in faults}
+    by_target = {(f.partition_id, f.round): f.kind for f in faults}
 
     @app.query(client_app.IDENTIFY_ACTION)
     def identify(msg: Message, context: Context) -> Message:
@@ -77,3 +82,16 @@ def faulty_app(*faults: Fault) -> ClientApp:
         return reply
 
     return app
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` with a ballast file until it is full; return the ballast."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb") as out:
+        try:
+            while True:
+                out.write(bytes(2**16))
+                out.flush()
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    return ballast

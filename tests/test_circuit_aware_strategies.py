@@ -231,9 +231,9 @@ def test_a_wrapped_module_that_is_not_a_plain_chain_gives_no_channel_groups(modu
 LAYERS = {"conv1": 4, "conv2": 6, "conv3": 8}
 
 
-def circuits_reply(messages, pid: int, arrays: NamedArrays, n: int, masks: dict[int, dict[str, np.ndarray]]):
+def circuits_reply(messages, partition_id: int, arrays: NamedArrays, n: int, masks: dict[int, dict[str, np.ndarray]]):
     """A train reply carrying the circuits diagnostic's client-side result, as the ClientApp sends it."""
-    msg = messages.train(1000 + pid, arrays, n)
+    msg = messages.train(1000 + partition_id, arrays, n)
     report = msg.content.config_records[REPORT_KEY]
     for key, value in encode_results({"circuits": {"held": sorted(masks), "seconds": 0.1, "masks": pack_masks(masks)}}).items():
         report[key] = value

@@ -42,9 +42,10 @@ def state(server_round: int, local: dict, glob: dict) -> RoundState:
     model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=3, image_size=12)
     arrays = model_arrays(model)
     clients = {
-        pid: ClientUpdate(pid, arrays, 10, {}, {"circuits": {"masks": pack_masks(local[pid])}},
-                          {"circuits": {"masks": pack_masks(glob[pid])}})
-        for pid in local
+        partition_id: ClientUpdate(partition_id, arrays, 10, {},
+                                   {"circuits": {"masks": pack_masks(local[partition_id])}},
+                                   {"circuits": {"masks": pack_masks(glob[partition_id])}})
+        for partition_id in local
     }
 
     def build(a):

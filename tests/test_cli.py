@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from fedmech_flwr.safe_text import CONTROL
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 
@@ -108,6 +111,11 @@ BAD_INPUT = [
      "strategy 'fedprox' needs client 'proximal', got 'plain'; set client.name accordingly " + SMOKE_AT + "client.name"),
     (["federation.clients_per_round=4"],
      "clients_per_round (4) must be <= num_clients (3) " + SMOKE_AT + "federation.clients_per_round"),
+    (["name=a\x1b]0;x\x07"], "character '\\x1b' (U+001B) on line 1, column 2 is not allowed in YAML text: remove it "
+                              "in --set name"),
+    (['name="a\\e]0;x\\a"'], ("got 'a\\x1b]0;x\\x07', which holds the control character '\\x1b'",
+                              SMOKE_AT + "name")),
+    (["name=-A1"], ("starting with a letter, a digit or '_'", "got '-A1'", SMOKE_AT + "name")),
     # on real data
     pytest.param(["data.dataset={name: fashion_mnist}", "federation.num_clients=60001"],
                  "number of training samples (60000), got 60001 " + SMOKE_AT + "federation.num_clients",
@@ -144,6 +152,17 @@ def test_validate_and_run_refuse_the_same_bad_input_before_anything_starts(overr
         assert out == "" and all(f in err.splitlines()[0] for f in fragments), (command, err)
         assert err.startswith("error: ")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["a\x1b]0;x\x07", "a\nforged line", "a\u202eb"])
+def test_a_control_character_in_a_value_is_one_escaped_line(value, capsys, monkeypatch):
+    """Raw on the command line (YAML's reader refuses it) or past it (a bidi override): exit
+    2 with one line that names the key and shows the character escaped."""
+    monkeypatch.chdir(REPO)
+    assert main(["validate", "experiments/smoke.yaml", "--set", f"name={value}"]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ") and "name" in err
+    assert not CONTROL.search(err.rstrip("\n")), err
 
 
 def test_run_of_a_good_config_gets_as_far_as_launch(monkeypatch, tmp_path):
@@ -193,10 +212,14 @@ BAD_FILES = [
      lambda t: _experiment(t, SMOKE_TEXT.encode().replace(b"name: smoke", b"name: sm\xf6ke")),
      ("not UTF-8 text: byte 96 (0xf6) cannot be decoded", "exp.yaml")),
     ("a file that is not a mapping", [["validate"], ["run"]],
-     lambda t: _experiment(t, "just a sentence\n"), ("expected a mapping of keys", "got str 'just a sentence'")),
-    ("a sweep whose base is not a mapping", [["sweep"], ["sweep", "--dry-run"]],
+     lambda t: _experiment(t, "just a sentence\n"),
+     ("expected an experiment or sweep file, a mapping of keys", "got text of 15 characters in ")),
+    ("a sweep whose base is not a mapping", [["sweep"], ["sweep", "--dry-run"], ["validate"]],
      lambda t: _sweep(t, f"base: {_experiment(t, 'just a sentence')}\n"),
-     ("expected a mapping of keys", "exp.yaml")),
+     ("expected an experiment or sweep file, a mapping of keys", "got text of 15 characters in ", "exp.yaml")),
+    ("a raw ESC in the file", [["validate"], ["run"]],
+     lambda t: _experiment(t, SMOKE_TEXT.replace("name: smoke", "name: sm\x1b]0;x\x07oke")),
+     ("character '\\x1b' (U+001B) on line 2, column 9 is not allowed in YAML text: remove it in ", "exp.yaml")),
     ("a preset name that leaves --out", [["sweep", "--preset", "../../../p"], ["sweep", "--dry-run", "--preset", "../../../p"]],
      lambda t: _sweep(t, 'base: BASE\npresets: {"../../../p": {set: {seed: 1}}}\n'),
      ("'../../../p' names the sweep folder", "presets.../../../p")),
@@ -339,3 +362,24 @@ def test_a_closed_pipe_ends_quietly_with_exit_0():
     done = subprocess.run(f"{sys.executable} -m fedmech_flwr.tools.cli list | head -1; exit ${{PIPESTATUS[0]}}",
                           shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith("DATASETS")
+
+
+def test_sigterm_and_sighup_stop_a_command_only_inside_it(capsys):
+    """``main`` leaves a process's own handlers alone (a test runner's SIGTERM stays its
+    own); inside a run's block SIGTERM and SIGHUP unwind as Ctrl-C does, with the shell's
+    exit code, and the handlers come back after it."""
+    import signal
+
+    from fedmech_flwr.tools.finish import Stopped, exit_code, stopped_by_signals
+
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+    assert main(["list", "strategies"]) == 0
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+        with pytest.raises(Stopped) as info, stopped_by_signals():
+            os.kill(os.getpid(), sig)
+            for _ in range(100):  # the handler runs between two bytecodes of this thread
+                time.sleep(0.01)
+        assert isinstance(info.value, KeyboardInterrupt) and exit_code(info.value) == code
+        assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
+    assert exit_code(KeyboardInterrupt()) == 130

@@ -188,19 +188,37 @@ def test_relative_output_root_rejected():
     assert smoke_config(["output_root=~/runs"]).output_root == "~/runs"
 
 
-@pytest.mark.parametrize("name", ["../escaped", "/tmp/abs", "runs/a", ".hidden", "..", "", "a b", "x" * 201, 12])
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/abs", "runs/a", ".hidden", "..", "", "a b", "x" * 201, 12,
+                                  "-A1", "-x", "--help"])
 def test_run_name_that_is_not_a_slug_is_rejected(name):
+    """A leading '-' too: the name is an option to a command it is passed to, and a
+    formula in a spreadsheet's cell."""
     err = config_error(override("name", name))
     assert str(err).startswith(
-        f"name must be letters, digits, '.', '_' or '-' (not starting with '.', at most 200 characters), "
-        f"got {brief(name)}: it names the run folder inside the output root"
+        f"name must be letters, digits, '.', '_' or '-' (starting with a letter, a digit or '_', at most 200 "
+        f"characters), got {brief(name)}: it names the run folder inside the output root"
     )
     assert err.where.endswith(LOC + "name")
 
 
-@pytest.mark.parametrize("name", ["smoke", "paper-v2-fmnist_cnn_a0.05_s0", "run_1.v2", "-x", "x" * 200])
+@pytest.mark.parametrize("name", ["smoke", "paper-v2-fmnist_cnn_a0.05_s0", "run_1.v2", "_x", "x-", "x" * 200])
 def test_run_name_slug_is_accepted(name):
     assert smoke_config([override("name", name)]).name == name
+
+
+@pytest.mark.parametrize(("item", "key", "shown"), [
+    ('name="a\\e]0;x\\a"', "name", "'a\\x1b]0;x\\x07'"),
+    ('output_root="~/runs\\nforged"', "output_root", "'~/runs\\nforged'"),
+    ('data.dataset.name="syn\\u202ethetic"', "data.dataset.name", "'syn\\u202ethetic'"),
+    ('plugins=["my_lab\\tx"]', "plugins[0]", "'my_lab\\tx'"),
+    ('diagnostics=[{name: misalignment, "ev\\x9bry": 1}]', "diagnostics[0].ev\\x9bry", "'ev\\x9bry'"),
+])
+def test_a_control_character_anywhere_in_the_config_is_refused_naming_the_key(item, key, shown):
+    """Written as a YAML escape (a raw one never gets past the YAML reader): it would reach
+    folder names, the console and the report as an instruction, not as text."""
+    err = config_error(item)
+    assert str(err).startswith(f"got {shown}, which holds the control character ")
+    assert err.where.endswith(LOC + key) and "\n" not in str(err)
 
 
 EXPERIMENT_FILES = sorted(p for p in [*REPO.glob("experiments/*.yaml"), *REPO.glob("experiments/paper/*.yaml")]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import io
 import struct
+import tracemalloc
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
+from fedmech_flwr import data
 from fedmech_flwr.data import (
     DEBIAN_FASHION_MNIST,
     IDX_FILES,
@@ -25,16 +30,19 @@ from fedmech_flwr.data import (
     read_idx,
     repo_root,
 )
-from fedmech_flwr.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.errors import BadFileError, DataNotFoundError
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
 
 SHARED_CIFAR = repo_root().parent / "shared" / "data" / "cifar10" / "cifar10.npz"
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write a uint8 array as a gzipped idx file (magic 0x00 0x00 0x08 ndim)."""
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}i", *array.shape)
+def write_idx(path: Path, array: np.ndarray, shape: tuple[int, ...] | None = None, code: int = 0x08) -> None:
+    """Write an array as a gzipped idx file (magic 0x00 0x00 ``code`` ndim) whose header
+    claims ``shape`` (default: the array's own)."""
+    shape = array.shape if shape is None else shape
+    header = bytes([0, 0, code, len(shape)]) + struct.pack(f">{len(shape)}i", *shape)
     with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
+        f.write(header + array.tobytes())
 
 
 def write_idx_dataset(folder: Path, n_train: int = 12, n_test: int = 6) -> list[np.ndarray]:
@@ -178,10 +186,10 @@ def test_cifar10_npz_found_through_environment(tmp_path, monkeypatch):
 
 def test_foreign_npz_gives_clear_errors(tmp_path):
     np.savez(tmp_path / "a.npz", images=np.zeros((2, 32, 32, 3), np.uint8))
-    with pytest.raises(ConfigError, match=r"missing array\(s\) \['x_train'"):
+    with pytest.raises(BadFileError, match=r"missing array\(s\) \['x_train'"):
         load_dataset("cifar10", CIFAR10Config(npz=str(tmp_path / "a.npz")))
     path = fake_cifar(tmp_path / "b.npz", x_test=np.zeros((4, 3, 32, 32), np.uint8))
-    with pytest.raises(ConfigError, match=r"x_test is uint8 \(4, 3, 32, 32\); expected"):
+    with pytest.raises(BadFileError, match=r"x_test is uint8 \(4, 3, 32, 32\); expected"):
         load_dataset("cifar10", CIFAR10Config(npz=str(path)))
 
 
@@ -245,16 +253,14 @@ def test_dataset_info_matches_the_loaded_dataset(tmp_path):
         assert info.audit_per_class == info.audit_size == 0
 
 
-def test_dataset_info_reads_labels_and_headers_not_images(tmp_path):
+def test_dataset_info_reads_labels_and_headers_not_images(tmp_path, monkeypatch):
     write_idx_dataset(tmp_path)
-    for name, n in ((IDX_FILES[0], 12), (IDX_FILES[2], 6)):  # image files cut after their header
-        with gzip.open(tmp_path / name, "wb") as f:
-            f.write(bytes([0, 0, 0x08, 3]) + struct.pack(">3i", n, 28, 28))
+    read = data.read_idx
+    monkeypatch.setattr(data, "read_idx", lambda path: pytest.fail(f"read {path}") if "images" in path.name
+                        else read(path))
     info = dataset_info("fashion_mnist", FashionMNISTConfig(root=str(tmp_path)))
     assert (info.num_train, info.num_test, info.input_shape) == (12, 6, (1, 28, 28))
     assert info.class_counts == [2, 2] + [1] * 8
-    with pytest.raises(ValueError, match="header says shape"):
-        fashion_mnist(FashionMNISTConfig(root=str(tmp_path)))
 
 
 def test_data_info_audit_size():
@@ -269,3 +275,111 @@ def test_real_data_info():
     assert (fm.num_train, fm.num_test, fm.input_shape, fm.class_counts) == (60000, 10000, (1, 28, 28), [6000] * 10)
     c = dataset_info("cifar10", CIFAR10Config(npz=str(SHARED_CIFAR)))
     assert (c.num_train, c.num_test, c.input_shape, c.class_counts) == (50000, 10000, (3, 32, 32), [5000] * 10)
+
+
+# --- damaged files: refused from their headers, before anything is read or started --------
+
+def lying_npz(path: Path, name: str, shape: tuple[int, ...], **arrays: np.ndarray) -> Path:
+    """A CIFAR-10 npz (``fake_cifar``) whose ``name`` header claims ``shape`` over the bytes
+    it holds (numpy would allocate the claim first)."""
+    fake_cifar(path, **arrays)
+    with zipfile.ZipFile(path) as archive:
+        members = {member: archive.read(member) for member in archive.namelist()}
+    array = np.load(io.BytesIO(members[f"{name}.npy"]))
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": array.dtype.str, "fortran_order": False, "shape": shape})
+    members[f"{name}.npy"] = header.getvalue() + array.tobytes()
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, content in members.items():
+            archive.writestr(member, content)
+    return path
+
+
+def cifar_npz(make):
+    """A planted CIFAR-10 npz (``make(path)`` writes it): the override that points at it, and its path."""
+    def plant(folder: Path) -> tuple[str, Path]:
+        path = make(folder / "cifar10.npz")
+        return f"data.dataset={{name: cifar10, npz: {path}}}", path
+    return plant
+
+
+def fashion_idx(damage):
+    """Planted Fashion-MNIST idx files (``write_idx_dataset``), then ``damage(folder)``."""
+    def plant(folder: Path) -> tuple[str, Path]:
+        write_idx_dataset(folder)
+        damage(folder)
+        return f"data.dataset={{name: fashion_mnist, root: {folder}}}", folder
+    return plant
+
+
+def write_gz(path: Path, content: bytes) -> None:
+    with gzip.open(path, "wb") as f:
+        f.write(content)
+
+
+TRAIN_IMAGES, TRAIN_LABELS = IDX_FILES[:2]
+IMAGES = np.zeros((12, 28, 28), np.uint8)
+DAMAGED = [
+    # (id, plant, the refusal (``{path}``: the planted file or folder))
+    ("npz x_train claims 10^12 images", cifar_npz(lambda p: lying_npz(p, "x_train", (10**12, 32, 32, 3))),
+     "{path}: x_train claims shape (1000000000000, 32, 32, 3) uint8 = 3,072,000,000,000,000 bytes but the member "
+     "holds 30,720 bytes; the file is damaged or cut short: get a good copy"),
+    ("npz y_train claims 10^12 labels", cifar_npz(lambda p: lying_npz(p, "y_train", (10**12,))),
+     "{path}: y_train claims shape (1000000000000,) uint8 = 1,000,000,000,000 bytes but the member holds 10 bytes"),
+    ("npz labels of another length", cifar_npz(lambda p: fake_cifar(p, y_test=np.arange(3, dtype=np.uint8))),
+     "{path}: y_test is uint8 (3,) for 4 images; expected"),
+    ("npz float labels", cifar_npz(lambda p: fake_cifar(p, y_train=np.arange(10, dtype=np.float32))),
+     "{path}: y_train is float32 (10,) for 10 images; expected"),
+    ("not an npz", cifar_npz(lambda p: (p.write_text("x,y\n1,2\n"), p)[1]),
+     "{path} is not an npz of .npy arrays (BadZipFile: File is not a zip file)"),
+    ("idx images cut short", fashion_idx(lambda d: write_idx(d / TRAIN_IMAGES, IMAGES[:5], shape=(12, 28, 28))),
+     "{path}/" + TRAIN_IMAGES + " claims shape (12, 28, 28) uint8 = 9,408 bytes but the file holds 3,920 bytes"),
+    ("idx header cut short", fashion_idx(lambda d: write_gz(d / TRAIN_IMAGES, bytes([0, 0, 8, 3, 0, 0, 0, 12]))),
+     "{path}/" + TRAIN_IMAGES + " ends inside its idx header (3 dimensions claimed)"),
+    ("idx wrong magic", fashion_idx(lambda d: write_idx(d / TRAIN_IMAGES, IMAGES, code=0x01)),
+     "{path}/" + TRAIN_IMAGES + " is not an idx file (magic bytes 00000103)"),
+    ("idx wrong dimension count", fashion_idx(lambda d: write_idx(d / TRAIN_IMAGES, IMAGES.reshape(12, 784))),
+     "{path}/" + TRAIN_IMAGES + " holds uint8 (12, 784); expected uint8 images [N,28,28]"),
+    ("idx labels of another length", fashion_idx(lambda d: write_idx(d / TRAIN_LABELS, np.zeros(11, np.uint8))),
+     "{path}/" + TRAIN_LABELS + " holds uint8 (11,) for 12 images; expected integer labels [12]"),
+    ("idx float labels", fashion_idx(lambda d: write_idx(d / TRAIN_LABELS, np.zeros(12, ">f4"), code=0x0D)),
+     "{path}/" + TRAIN_LABELS + " holds >f4 (12,) for 12 images; expected integer labels [12]"),
+]
+
+
+@pytest.mark.parametrize(("plant", "refusal"), [case[1:] for case in DAMAGED], ids=[case[0] for case in DAMAGED])
+def test_a_damaged_data_file_is_refused_in_one_line_by_validate_and_run(plant, refusal, tmp_path, monkeypatch, capsys):
+    """``validate`` and ``run`` check every array's header before Flower starts: exit 2
+    and one line naming the file, the array and what it claims."""
+    import fedmech_flwr.tools.cli as cli
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(cli, "launch", lambda *args, **kwargs: pytest.fail("fedmech run started Flower"))
+    (files := tmp_path / "files").mkdir()
+    override, path = plant(files)
+    for command in (["validate"], ["run", "--out", str(tmp_path / "runs")]):
+        assert main([*command, "experiments/smoke.yaml", "--set", override]) == EXIT_BAD_INPUT, command
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("error: dataset ") and refusal.format(path=path) in line, (command, line)
+        assert line.endswith(" in experiments/smoke.yaml: data.dataset"), line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, plant", [
+    ("cifar10", lambda d: CIFAR10Config(npz=str(lying_npz(d / "c.npz", "x_train", (20_000, 32, 32, 3))))),
+    ("fashion_mnist", lambda d: (write_idx_dataset(d), write_idx(d / TRAIN_IMAGES, IMAGES, shape=(80_000, 28, 28)),
+                                 FashionMNISTConfig(root=str(d)))[-1]),
+])
+def test_a_lying_header_is_refused_before_anything_is_allocated(name, plant, tmp_path):
+    """A claim of about 60 MB, which numpy would allocate before finding the bytes missing:
+    the loader and ``dataset_info`` refuse it while the traced memory stays under 2 MiB."""
+    cfg = plant(tmp_path)
+    for read in (load_dataset, dataset_info):
+        tracemalloc.start()
+        try:
+            with pytest.raises(BadFileError, match="claims shape"):
+                read(name, cfg)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2 * 2**20, (read.__name__, peak)

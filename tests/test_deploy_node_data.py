@@ -53,7 +53,7 @@ def test_deploy_local_on_the_shards_files_ends_bitwise_as_fedmech_run(tmp_path):
 def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
     overrides = ("federation.num_clients=4", "federation.num_rounds=1", "federation.on_client_failure=continue")
     nodes = tmp_path / "nodes"
-    write_node_data(smoke_config(list(overrides)), nodes, clients=[2])
+    write_node_data(smoke_config(list(overrides)), nodes, partition_ids=[2])
     np.savez(nodes / "node_999.npz", x=np.zeros((20, 28, 28), np.float32), y=np.arange(20) % 4)
     deploy = fedmech("deploy-local", tmp_path, "--auth", "--node-data", str(nodes), overrides=overrides)
     finished(deploy, tmp_path)

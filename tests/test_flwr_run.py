@@ -129,3 +129,65 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     assert f"Resuming {run_dir} after round {killed_after}" in resumed.stdout
     assert_same_run(reference, run_dir)
     assert lost_bytes(reference, run_dir) == 0
+
+
+PAGE_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from faults import fill
+import fedmech_flwr.tools.finish as finish
+from fedmech_flwr.tools.cli import main
+write_page, ballast = finish.write_page, Path(sys.argv[1]) / "ballast"
+def full_then_write_page(*args, **kwargs):
+    if not ballast.exists():
+        fill(ballast.parent)
+    return write_page(*args, **kwargs)
+finish.write_page = full_then_write_page
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_sighup_then_a_full_disk_at_the_page_then_resume_ends_as_the_uninterrupted_run(completed, disk):
+    """SIGHUP (a closed terminal) is handled as Ctrl-C: the ``--resume`` line, exit 129, status
+    interrupted. The resumed run then meets a full disk when the CLI writes its page, the
+    last output: one line, exit 1, status failed and resumable, the rounds all done. Once
+    space is free, ``--resume`` finishes without running a round and ends as the
+    uninterrupted run."""
+    reference, _ = completed
+    proc = subprocess.Popen(fedmech_command(disk / "out"), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
+        runs = list((disk / "out").glob("*/" + STATE_FILE))
+        if runs and int(load_arrays(runs[0])["round"]) >= 1:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGHUP, stderr[-4000:]
+    (run_dir,) = list((disk / "out").iterdir())
+    assert stderr.strip().splitlines()[-1].startswith(
+        f"stopped: every process the run started is stopped; continue it with `fedmech run --resume {run_dir}`")
+    status = read_status(run_dir)
+    assert (status["status"], status["error"], status["resumable"]) == ("interrupted", "stopped by SIGHUP", True)
+
+    resumed = subprocess.run([sys.executable, "-c", PAGE_ON_A_FULL_DISK, str(disk), "run", "--resume", str(run_dir)],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 1, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    last = resumed.stderr.strip().splitlines()[-1]
+    assert last.startswith("failed: after the last round, could not write the run's page (") and \
+        "No space left on device" in last and f"continue it: fedmech run --resume {run_dir}" in last, last
+    assert "Traceback" not in resumed.stderr
+    status = read_status(run_dir)
+    assert status["status"] == "failed" and status["resumable"] is True
+    assert int(load_arrays(run_dir / STATE_FILE)["round"]) == 3
+
+    (disk / "ballast").unlink()
+    finished = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "run", "--resume", str(run_dir)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
+    assert f"Resuming {run_dir} after round 3" in finished.stdout
+    assert not re.search(r"^round \d", finished.stdout, re.MULTILINE)  # no round ran again
+    assert_same_run(reference, run_dir)
+    assert (run_dir / "report" / "index.html").is_file()

@@ -1,16 +1,29 @@
 """What ``flwr run`` is given: a copy of the app's sources that Flower bundles as it
 bundles the app folder itself (each package where the app installs it), without walking
-what the app ignores; and the size of the private Ray it runs on."""
+what the app ignores; the size of the private Ray it runs on; and a SuperLink port that
+another program took first."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import socketserver
+import subprocess
+import sys
+import threading
 import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from flwr.cli.build import build_fab_from_disk
 
+from conftest import REPO
 from fedmech_flwr.run_folder import APP_DIR
-from fedmech_flwr.tools.launch import private_ray_cpus, stage_app
+from fedmech_flwr.tools import launch
+from fedmech_flwr.tools.cli import EXIT_FAILED, main
+from fedmech_flwr.tools.launch import _LocalFlower, private_ray_cpus, stage_app
 
 
 def bundled(app) -> dict[str, bytes]:
@@ -76,3 +89,77 @@ def test_a_private_ray_gets_no_more_cpus_than_the_clients_use_at_once(monkeypatc
     assert private_ray_cpus(100 * 1) == 32  # the whole machine, as before
     assert private_ray_cpus(100 * 1, share=8) == 8  # one of four sweep workers
     assert private_ray_cpus(2 * 1, share=8) == 2
+
+
+# --- the SuperLink's port: taken by another program between choosing and binding it ------
+
+@contextlib.contextmanager
+def foreign_server() -> Iterator[int]:
+    """A port held by a server that reads a request and answers a line that is not HTTP
+    (as Ray's gRPC ports do): what the SuperLink's health check once met at start."""
+
+    class Garbage(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(65536)
+            self.request.sendall(b"garbage\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Garbage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_health_check_takes_any_answer_but_flowers_for_not_ready():
+    with foreign_server() as port:
+        assert not launch._healthy(f"http://127.0.0.1:{port}/health", None)  # a bad status line, not a traceback
+    assert not launch._healthy(f"http://127.0.0.1:{port}/health", None)  # nobody there
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").is_file(), reason="needs Linux /proc")
+def test_a_port_is_the_superlinks_only_while_its_process_holds_the_socket():
+    """Another Flower on the port would answer the health check as well: who holds the
+    listening socket decides."""
+    with foreign_server() as port:
+        assert launch._listens(os.getpid(), port)  # this process serves it
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert not launch._listens(other.pid, port)
+        finally:
+            other.kill()
+            other.wait()
+    assert not launch._listens(os.getpid(), port)
+
+
+@pytest.mark.integration
+def test_a_superlink_whose_port_another_program_took_starts_again_on_a_free_one(tmp_path, monkeypatch):
+    with foreign_server() as taken:
+        ports = iter([taken, launch._free_port()])
+        monkeypatch.setattr(launch, "_free_port", lambda: next(ports))
+        (home := tmp_path / "home").mkdir()
+        flower = _LocalFlower(home, None)
+        try:
+            flower.start_superlink("--insecure")
+            assert flower.port != taken and flower.alive()
+            assert launch._healthy(f"http://127.0.0.1:{flower.port}/health", None)
+            assert f'address = "127.0.0.1:{flower.port}"' in (home / "config.toml").read_text()
+        finally:
+            flower.close()
+
+
+@pytest.mark.integration
+def test_a_superlink_that_finds_every_port_taken_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    """``fedmech deploy-local`` (a SuperLink without Ray: seconds) tries ``SUPERLINK_PORTS``
+    ports it chose, then ends in one line naming them, exit 1."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(launch, "SUPERLINK_PORTS", 2)
+    with foreign_server() as first, foreign_server() as second:
+        ports = iter([first, second])
+        monkeypatch.setattr(launch, "_free_port", lambda: next(ports))
+        assert main(["deploy-local", "experiments/smoke.yaml", "--out", str(tmp_path)]) == EXIT_FAILED
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"error: flower-superlink could not start: port(s) {first}, {second} taken by another program; "
+                    "run the command again")

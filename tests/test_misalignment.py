@@ -78,13 +78,14 @@ def test_client_statistics_give_ncm_and_ccvr_heads(separable_cnn):
     diag = Misalignment(MisalignmentConfig(head_samples=40, client_stats=["ncm", "ccvr"], ccvr_covariance="full"))
     assert diag.needs_global_pass() and not Misalignment(MisalignmentConfig()).needs_global_pass()
     clients = {}
-    for pid, classes in enumerate([(0, 1), (2, 3)]):  # each client holds two classes
+    for partition_id, classes in enumerate([(0, 1), (2, 3)]):  # each client holds two classes
         keep = (data.y_train == classes[0]) | (data.y_train == classes[1])
-        ctx = GlobalContext(3, pid, round_state(arrays, data).build_model(arrays), data.x_train[keep], data.y_train[keep],
+        model = round_state(arrays, data).build_model(arrays)
+        ctx = GlobalContext(3, partition_id, model, data.x_train[keep], data.y_train[keep],
                             NUM_CLASSES, torch.device("cpu"), seed=0)
-        update = ClientUpdate(pid, arrays, int(keep.sum()), {})
+        update = ClientUpdate(partition_id, arrays, int(keep.sum()), {})
         update.global_diagnostics = {"misalignment": diag.client_side_global(ctx)}
-        clients[pid] = update
+        clients[partition_id] = update
     metrics = diag.server_side(round_state(arrays, data, clients)).metrics
     assert metrics["ncm"]["accuracy"] > 0.95 and metrics["ncm"]["clients"] == 2
     assert metrics["ccvr"]["accuracy"] > 0.9

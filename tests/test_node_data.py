@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import struct
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.data import Pixels, _normalise
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.run_folder import CLIENT_FAILURES_LOG, FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
 from fedmech_flwr.tools.launch import node_configs
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover")
@@ -104,17 +107,43 @@ def test_an_npz_header_is_checked_before_anything_is_loaded(tmp_path):
     huge = npz_with_header(tmp_path / "huge.npz", (10**12, 8, 8), bytes(12 * 64))
     with pytest.raises(NodeDataError) as err:
         load_node_data(huge, GREY)
-    assert str(err.value) == (f"{huge}: x's header claims shape (1000000000000, 8, 8) (64,000,000,000,000 bytes) but the "
-                              "file holds 768 bytes of it; the file was damaged: write it again")
+    assert str(err.value) == (f"{huge}: x claims shape (1000000000000, 8, 8) uint8 = 64,000,000,000,000 bytes but the "
+                              "member holds 768 bytes; the file is damaged or cut short: get a good copy")
     wide = npz_with_header(tmp_path / "wide.npz", (12, 800, 800), bytes(12 * 800 * 800))
     with pytest.raises(NodeDataError, match="x: images are 800x800 pixels, expected 8x8"):
         load_node_data(wide, GREY)
     assert load_node_data(npz_with_header(tmp_path / "ok.npz", (12, 8, 8), images().tobytes()), GREY).x.shape[0] == 12
 
 
+def test_deploy_local_checks_each_node_files_headers_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Not the node, mid-run: ``fedmech deploy-local`` exits 2 with one line naming the file."""
+    import fedmech_flwr.tools.cli as cli
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(cli, "deploy_local", lambda *args, **kwargs: pytest.fail("deploy-local started Flower"))
+    (nodes := tmp_path / "nodes").mkdir()
+    npz(nodes / "a.npz", x=images(), y=LABELS)
+    huge = npz_with_header(nodes / "b.npz", (10**12, 8, 8), bytes(12 * 64))
+    command = ["deploy-local", "experiments/smoke.yaml", "--node-data", str(nodes), "--out", str(tmp_path / "runs")]
+    assert main(command) == EXIT_BAD_INPUT
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"error: {huge}: x claims shape (1000000000000, 8, 8) uint8 = 64,000,000,000,000 bytes but the "
+                    "member holds 768 bytes; the file is damaged or cut short: get a good copy")
+
+
 def save_image(path, mode: str = "L", size: int = 8) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new(mode, (size, size), 100).save(path)
+
+
+def png_header(path, size: int) -> None:
+    """A greyscale PNG that claims ``size`` x ``size`` pixels and holds none (no image data)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 0, 0, 0, 0))
+                     + chunk(b"IEND", b""))
 
 
 def test_class_folders_map_to_the_experiments_classes():
@@ -137,6 +166,10 @@ def test_an_image_folder_is_read_in_class_then_file_order(tmp_path):
     (lambda root: save_image(root / "Trouser" / "a.png", size=28), "image is 28x28 pixels, expected 8x8"),
     (lambda root: save_image(root / "Trouser" / "a.png", mode="RGB"), "image has 3 channel(s) (mode RGB), expected 1"),
     (lambda root: root.mkdir(), "holds no class folders"),
+    # checked from the header, before the pixels are decoded
+    (lambda root: png_header(root / "Trouser" / "a.png", 5000), "image is 5000x5000 pixels, expected 8x8"),
+    (lambda root: png_header(root / "Trouser" / "a.png", 20000), "is not a readable image (Image size (400000000 "
+                                                                 "pixels) exceeds limit"),
 ])
 def test_bad_image_folder_is_refused_with_the_reason(tmp_path, make, message):
     root = tmp_path / "images"
@@ -253,7 +286,7 @@ def test_a_fashion_mnist_shard_written_as_pngs_reads_back_as_the_same_images(tmp
     from fedmech_flwr.experiment import client_partitions, load_data
 
     cfg = smoke_config(["data.dataset={name: fashion_mnist}", "federation.num_clients=300", "data.partition={name: iid}"])
-    (folder,) = write_node_data(cfg, tmp_path, clients=[7], fmt="images")
+    (folder,) = write_node_data(cfg, tmp_path, partition_ids=[7], fmt="images")
     bundle = load_data(cfg)
     data = load_node_data(folder, NodeDataSpec.of(bundle))
     idx = torch.from_numpy(client_partitions(cfg, bundle)[7])
@@ -270,7 +303,7 @@ def test_deploy_local_refuses_bad_node_data_folders_before_flower_starts(tmp_pat
     assert cli.main([*command, str(tmp_path / "missing")]) == cli.EXIT_BAD_INPUT
     assert "is not a folder" in capsys.readouterr().err
     for i in range(4):
-        (tmp_path / f"node_{i}.npz").write_bytes(b"")
+        npz(tmp_path / f"node_{i}.npz", x=images(), y=LABELS)
     assert cli.main([*command, str(tmp_path)]) == cli.EXIT_BAD_INPUT
     assert "--node-data holds 4 entries but federation.num_clients is 3" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
@@ -286,7 +319,7 @@ def test_client_side_diagnostics_and_class_statistics_run_unchanged_on_node_data
     cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml",
                           ["federation.num_rounds=1", "strategy={name: ncm}",
                            "diagnostics=[{name: circuits, gates: {steps: 10}, min_class_samples: 10, ablations: []}]"])
-    files = write_node_data(cfg, tmp_path / "nodes", clients=[2])
+    files = write_node_data(cfg, tmp_path / "nodes", partition_ids=[2])
     shards = run_in_process(cfg, tmp_path / "shards")
     mixed = run_in_process(cfg, tmp_path / "mixed", node_configs=[
         {"partition-id": 0, "num-partitions": 3}, {"partition-id": 1, "num-partitions": 3}, own(files[0])])

@@ -67,12 +67,13 @@ def protocol(cfg, strategy=None, partitions=PARTITIONS, recorder=None):
     return proto
 
 
-def arrays_of(pid: int) -> dict[str, np.ndarray]:
-    return {"w": np.full(3, float(pid + 1), np.float32)}
+def arrays_of(partition_id: int) -> dict[str, np.ndarray]:
+    return {"w": np.full(3, float(partition_id + 1), np.float32)}
 
 
-def reply(messages, pid, **kw):
-    return messages.train(PARTITIONS[pid], arrays_of(pid), 10 * (pid + 1), partition_id=pid, **kw)
+def reply(messages, partition_id, **kw):
+    return messages.train(PARTITIONS[partition_id], arrays_of(partition_id), 10 * (partition_id + 1),
+                          partition_id=partition_id, **kw)
 
 
 # --- sampling ---------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def test_continue_policy_aggregates_the_rest_and_records_failure(make_cfg, messa
     proto = protocol(make_cfg("federation.on_client_failure=continue"), strategy, recorder=rec)
     replies = [reply(messages, 2), messages.error(PARTITIONS[1], "boom"), reply(messages, 0)]
     arrays, metrics = proto.aggregate_train(1, replies)
-    # weights 10 (pid 0, value 1) and 30 (pid 2, value 3): (10 * 1 + 30 * 3) / 40 = 2.5
+    # weights 10 (partition 0, value 1) and 30 (partition 2, value 3): (10 * 1 + 30 * 3) / 40 = 2.5
     np.testing.assert_allclose(from_record(arrays)["w"], [2.5, 2.5, 2.5])
     assert strategy.orders == [[0, 2]]
     assert rec.failures == [{"round": 1, "partition_id": 1, "reason": "raised: boom", "policy": "continue"}]
@@ -274,12 +275,12 @@ def simulation_grid(num_nodes: int):
     from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
     from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
     from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.supercore.run import Run
+    from flwr.supercore.run import Run as FlowerRun
     from flwr.superlink.federation import NoOpFederationManager
     from flwr.superlink.grid import InMemoryGrid
 
     factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
-    run = replace(Run.create_empty(7), primary_task_id=1, federation_id=NOOP_FEDERATION_ID)
+    run = replace(FlowerRun.create_empty(7), primary_task_id=1, federation_id=NOOP_FEDERATION_ID)
     state = factory.state()  # the run registered as Flower's simulation does
     state.run_ids[run.run_id] = RunRecord(run=run)
     state.task_store[1] = Task(task_id=1, run_id=run.run_id)
@@ -293,7 +294,7 @@ def test_simulated_roster_is_the_simulation_engines_partition_ids():
     map (node ids are random, so sorting them would not)."""
     grid, partition_of = simulation_grid(50)
     roster = simulated_roster(grid, 50, timeout=1)
-    assert roster.node_ids == {pid: node for node, pid in partition_of.items()}
+    assert roster.node_ids == {partition_id: node for node, partition_id in partition_of.items()}
     assert {info.source for info in roster.clients.values()} == {SHARD} and roster.refused == []
     assert roster.ids_json() == "{}"
 
@@ -384,9 +385,10 @@ def test_a_resumed_runs_clients_get_their_state_back_until_they_reply(make_cfg, 
 
     def carried() -> dict[int, np.ndarray]:
         sent = proto.configure_train(1, to_record(arrays_of(0)), ConfigRecord(), grid)
-        by_pid = {proto.node_to_partition[m.metadata.dst_node_id]: m.content for m in sent}
-        assert all("arrays" in content for content in by_pid.values())
-        return {pid: from_record(c[CLIENT_STATE_KEY])["c"] for pid, c in by_pid.items() if CLIENT_STATE_KEY in c}
+        by_partition = {proto.node_to_partition[m.metadata.dst_node_id]: m.content for m in sent}
+        assert all("arrays" in content for content in by_partition.values())
+        return {partition_id: from_record(c[CLIENT_STATE_KEY])["c"]
+                for partition_id, c in by_partition.items() if CLIENT_STATE_KEY in c}
 
     first = carried()
     assert sorted(first) == [0, 2] and first[0].tolist() == [0.5, 0.5] and first[2].tolist() == [2.5, 2.5]

@@ -19,6 +19,7 @@ import yaml
 from conftest import CHROMIUM, REPO, browser_page
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import declared
+from fedmech_flwr.safe_text import CONTROL
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import Stat, format_stat, read_inputs, read_paper_values, write_report
 
@@ -395,6 +396,20 @@ def test_markdown_embeds_text_from_runs_and_values_files_as_text(tmp_path):
     assert "&lt;iframe src=https://example.invalid&gt;&lt;/iframe&gt; \\| a \\| b \\|" in md
     html_page = (tmp_path / "out" / "index.html").read_text()
     assert "<script" not in html_page and "<iframe" not in html_page
+
+
+def test_control_characters_from_runs_reach_neither_page_raw(tmp_path):
+    """A run folder's name and a run's error with ESC, BEL, a newline and a bidi override
+    show as escapes in report.md and index.html, never as the characters themselves."""
+    planted = "r\x1b]0;x\x07\nb"
+    done = write_run(tmp_path / planted, config(0))
+    failed = write_run(tmp_path / f"f{planted}", config(1), status="failed", error="boom\x1b[2J\u202eevil\x9b")
+    write_report([done, failed], tmp_path / "out")
+    for page in ("report.md", "index.html"):
+        text = (tmp_path / "out" / page).read_text()
+        assert not CONTROL.search(text.replace("\n", "")), page
+        shown = text.replace("\\", "")  # Markdown escapes the escapes' backslashes, and brackets
+        assert "rx1b]0;xx07" in shown and "boomx1b[2Ju202eevilx9b" in shown, page
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")

@@ -588,7 +588,7 @@ def test_a_run_that_fails_after_its_last_round_is_marked_failed_with_the_reason(
     [run] = run_folders(tmp_path)
     status = read_status(run)
     assert status["status"] == "failed"
-    assert re.fullmatch(r"after the last round, drawing the final plots or writing the status: in test_resilience "
+    assert re.fullmatch(r"after the last round, writing its outputs: in test_resilience "
                         r"\(\S+test_resilience.py:\d+\): OSError: \[Errno 28\] No space left on device", status["error"])
     assert (run / "model_final.safetensors").is_file()  # the rounds' work is all there
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from fedmech_flwr.safe_text import CONTROL, printable
 from fedmech_flwr.tools import cli
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.status import read_sweep, run_status, seconds_per_round, sweep_status
@@ -87,6 +88,56 @@ def test_interrupted_and_failed_runs_exit_1_with_how_to_continue(tmp_path, capsy
     assert f"continue it: fedmech run --resume {failed.resolve()}" in out
     assert "run final: failed: bad plug-in" in out and f"--resume {final.resolve()}" not in out
     assert "round 3 of 5\n" in out  # no ETA for a stopped run
+
+
+def test_a_reused_pid_an_interruption_and_a_run_that_never_started(tmp_path, capsys):
+    """A status naming this process's pid with another start time was written by another
+    process that has gone (its pid reused): interrupted. A status of ``interrupted`` (a
+    signal stopped it) says how to continue. A folder holding only the lock of a gone
+    ``fedmech`` process is a run that never started."""
+    from fedmech_flwr.run_folder import process_start
+
+    reused = write_run(tmp_path / "reused", start=process_start(os.getpid()) - 1)
+    assert main(["status", str(reused)]) == 1
+    assert "run reused: interrupted: status.json says running, but its process" in capsys.readouterr().out
+    assert main(["status", str(write_run(tmp_path / "live", start=process_start(os.getpid())))]) == 0
+    capsys.readouterr()
+
+    stopped = write_run(tmp_path / "stopped", status="interrupted", error="stopped by SIGTERM", resumable=True)
+    assert main(["status", str(stopped)]) == 1
+    out = capsys.readouterr().out
+    assert "run stopped: interrupted: stopped by SIGTERM" in out and f"--resume {stopped.resolve()}" in out
+
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "run.lock").write_text(json.dumps({"pid": dead_pid(), "host": HOST, "since": "2026-12-06T00:00:00"}))
+    assert main(["status", str(lonely)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("run lonely: never started: the fedmech process that made it ended before the run began")
+    assert "--resume" not in out
+
+
+def test_names_and_reasons_read_from_files_show_escaped_one_line_each(tmp_path, capsys):
+    """A folder named ``ESC ] 0;x BEL`` + newline retitles no terminal and forges no line;
+    nor does a run's error or a sweep's cell name."""
+    planted = "a\x1b]0;x\x07\nb"
+    run = write_run(tmp_path / planted, status="failed", error="boom\x1b[2J\nrun other: completed\u202e")
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "run a\\x1b]0;x\\x07\\nb: failed: boom\\x1b[2J\\nrun other: completed\\u202e",
+        "  round 3 of 5",
+        "  round 3: global test accuracy 40.0%",
+        f"  continue it: fedmech run --resume {printable(str(run.resolve()))}"]
+    sweep = tmp_path / "sweep"
+    write_run(sweep / "runs" / "c", status="failed", error="x")
+    (sweep / "sweep.json").write_text(json.dumps({"name": f"g{planted}", "cells": [
+        {"name": planted, "run_dir": "runs/c", "status": "failed", "error": "line one\nline two\x07"}]}))
+    assert main(["status", str(sweep)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "sweep ga\\x1b]0;x\\x07\\nb: failed" and len(lines) == 4
+    assert lines[2] == "  a\\x1b]0;x\\x07\\nb: failed: x (sweep: line one\\nline two\\x07)"
+    assert not any(CONTROL.search(line) for line in lines)
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):

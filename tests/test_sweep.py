@@ -121,6 +121,8 @@ BAD = [
      "grid.federation.num_rounds"),
     ({}, ["--parallel", "99"], "99 runs at once need 99 CPUs", "--parallel"),
     ({}, ["--only", "model=x"], "no axis 'model'", "--only"),
+    ({"name": "-A1"}, [], "'-A1' names the sweep folder", "name"),
+    ({"presets": {"-x": {}}}, [], "'-x' names the sweep folder", "presets.-x"),
 ]
 
 
@@ -139,6 +141,23 @@ def test_sweep_file_without_base_exits_2(tmp_path, capsys):
     assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "missing required key 'base'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_base_that_is_no_experiment_is_named_and_none_of_it_quoted(tmp_path, capsys):
+    """``base: /etc/passwd``: the error names the file and what it should be; the file's
+    text, anyone's, stays out of it."""
+    secret = tmp_path / "passwd"
+    secret.write_text("".join(f"user{i}:x:{1000 + i}:{1000 + i}:secret-{i}:/home/user{i}:/bin/sh\n" for i in range(40)))
+    path = sweep_file(tmp_path)
+    path.write_text(f"base: {secret}\n")
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    message = str(err.value)
+    assert message.startswith("expected an experiment or sweep file, a mapping of keys (name:, data:, ...), got text "
+                              "of ") and message.endswith(f" in {secret}")
+    assert not any(part in message for part in ("user", "secret-", "/bin/sh", "1000")), message
+    assert main(["sweep", str(path), "--dry-run"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 def test_dry_run_lists_the_validated_cells(tmp_path, capsys):

@@ -247,14 +247,21 @@ def running(pid: int) -> bool:
 
 @pytest.mark.integration
 def test_the_tutorial_runs_as_written(tmp_path):
-    """``fedmech new``, the edited strategy and its test, one run, the smoke sweep against
-    FedAvg with the IID control, the report and the misalignment table."""
+    """``fedmech new``, the edited strategy and its test, a diagnostic of one's own whose
+    declared metric the run's page shows, one run, the smoke sweep against FedAvg with the
+    IID control, the report and the misalignment table."""
     start = time.monotonic()
     skip = set() if DEBIAN_FASHION_MNIST.is_dir() else {"dry-run"}
     outputs = run_page(DOC.read_text(), tmp_path, skip=skip)
     print(f"the tutorial ran in {time.monotonic() - start:.0f} s")
     text = "\n".join(outputs.values())
     assert "2 passed" in text  # the written test, and the one the page adds
+    label = re.search(r'Metric\("([^"]+)"', (tmp_path / "my_lab" / "global_norm.py").read_text()).group(1)
+    [run] = (tmp_path / "my_runs").glob("trimmed_mean-*")
+    for page in ("report.md", "index.html"):  # the page the run wrote, as the tutorial says
+        assert label in (run / "report" / page).read_text(), f"{label!r} is not in {run}/report/{page}"
+    assert "## global_norm\n" in (run / "report" / "report.md").read_text()
+    assert re.search(rf"round 2/2 \|.* {re.escape(label)} [0-9.]+ \|", text)  # the run's round line (headline)
     assert "4 of 4 cell(s) run now completed" in text
     summary = json.loads((tmp_path / "my_runs" / "compare-smoke" / "report" / "summary.json").read_text())
     assert [(g["group"], g["completed"]) for g in summary["groups"]] == [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.safe_text import CONTROL
 from fedmech_flwr.yaml_text import MAX_NODES, load_yaml, read_yaml_file
 
 
@@ -30,6 +31,19 @@ def test_what_a_config_cannot_mean_is_one_error_naming_the_source(text, message)
     with pytest.raises(ConfigError) as err:
         load_yaml(text, "exp.yaml")
     assert message in str(err.value) and str(err.value).endswith("in exp.yaml") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: 1\nname: x\x1b]0;t\x07\n", "character '\\x1b' (U+001B) on line 2, column 8 is not allowed in YAML text"),
+    ("name: \"\x07\"", "character '\\x07' (U+0007) on line 1, column 8"),
+    ("a: \x9b2J", "character '\\x9b' (U+009B) on line 1, column 4"),
+])
+def test_a_raw_control_character_is_one_line_that_shows_it_escaped(text, message):
+    """PyYAML refuses it before parsing, with a traceback; here it is named where it is."""
+    with pytest.raises(ConfigError) as err:
+        load_yaml(text, "exp.yaml")
+    assert message in str(err.value) and str(err.value).endswith("in exp.yaml")
+    assert not CONTROL.search(str(err.value))
 
 
 def test_ten_thousand_aliased_nodes_are_fine():

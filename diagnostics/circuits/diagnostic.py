@@ -167,7 +167,7 @@ def _predictions(global_model, local_models, xs: torch.Tensor) -> dict[str, Any]
         return {"max_predicted_class": top, "max_predicted_fraction": fraction}
 
     return {"images": len(xs), "global": summary(global_model),
-            "clients": {str(pid): summary(m) for pid, m in local_models.items()}}
+            "clients": {str(partition_id): summary(m) for partition_id, m in local_models.items()}}
 
 
 def _summary(key: str, scores: list[float | None], empty: int) -> dict[str, Any]:
@@ -221,16 +221,16 @@ class Circuits(Diagnostic):
         self._previous: dict[int, dict[int, dict[str, np.ndarray]]] = {}
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """Each client's latest class circuits, as ``<partition>/<class>/<layer>``: the
+        """Each client's latest class circuits, as ``<partition id>/<class>/<layer>``: the
         ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.hooks.Resumable``)."""
-        return {f"{pid}/{c}/{layer}": mask for pid, classes in self._previous.items()
+        return {f"{partition_id}/{c}/{layer}": mask for partition_id, classes in self._previous.items()
                 for c, masks in classes.items() for layer, mask in masks.items()}
 
     def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self._previous = {}
         for key, mask in arrays.items():
-            pid, c, layer = key.split("/", 2)
-            self._previous.setdefault(int(pid), {}).setdefault(int(c), {})[layer] = mask
+            partition_id, c, layer = key.split("/", 2)
+            self._previous.setdefault(int(partition_id), {}).setdefault(int(c), {})[layer] = mask
 
     def _discover(self, model, x, y, num_classes: int, generator: torch.Generator) -> dict[str, Any]:
         held = _held(y, num_classes, self.params.min_class_samples)
@@ -252,15 +252,15 @@ class Circuits(Diagnostic):
         clock = Clock()
         global_model = state.build_model(state.global_arrays)
         sizes = global_model.gated_layers()
-        local = {pid: unpack_masks(u.diagnostics["circuits"]["masks"], sizes)
-                 for pid, u in state.clients.items() if "circuits" in u.diagnostics}
-        glob = {pid: unpack_masks(u.global_diagnostics["circuits"]["masks"], sizes)
-                for pid, u in state.clients.items() if "circuits" in u.global_diagnostics}
+        local = {partition_id: unpack_masks(u.diagnostics["circuits"]["masks"], sizes)
+                 for partition_id, u in state.clients.items() if "circuits" in u.diagnostics}
+        glob = {partition_id: unpack_masks(u.global_diagnostics["circuits"]["masks"], sizes)
+                for partition_id, u in state.clients.items() if "circuits" in u.global_diagnostics}
         iou = lambda a, b: circuit_iou(a, b, p.empty_iou)  # noqa: E731
 
         per_class: dict[int, dict[str, Any]] = {}
         for c in range(state.num_classes):
-            holders = sorted(pid for pid in local if c in local[pid])
+            holders = sorted(partition_id for partition_id in local if c in local[partition_id])
             pairs = {
                 "intra_client": [(local[i][c], self._previous[i][c]) for i in holders if c in self._previous.get(i, {})],
                 "inter_client": [(local[i][c], local[j][c]) for i, j in itertools.combinations(holders, 2)],
@@ -286,8 +286,9 @@ class Circuits(Diagnostic):
         audit = self._audit_circuits(state, global_model) if p.audit else {}
         clock.lap("audit_discovery")
         for c in audit:
-            scores = [iou(glob[pid][c], audit[c]) for pid in sorted(glob) if c in glob[pid]]
-            empty = sum(is_empty(glob[pid][c]) for pid in glob if c in glob[pid]) + is_empty(audit[c])
+            with_circuit = [partition_id for partition_id in sorted(glob) if c in glob[partition_id]]
+            scores = [iou(glob[partition_id][c], audit[c]) for partition_id in with_circuit]
+            empty = sum(is_empty(glob[partition_id][c]) for partition_id in with_circuit) + is_empty(audit[c])
             per_class[c].update(_summary("audit_vs_client_context", scores, empty))
         if audit:
             key = "audit_vs_client_context"
@@ -296,7 +297,8 @@ class Circuits(Diagnostic):
                 counts[part][key] = sum(v.get(f"{key}_{part}", 0) for v in per_class.values())
 
         xs, ys = self._ablation_set(state)
-        local_models = {pid: state.build_model(state.clients[pid].arrays) for pid in sorted(local)}
+        local_models = {partition_id: state.build_model(state.clients[partition_id].arrays)
+                        for partition_id in sorted(local)}
         predictions = _predictions(global_model, local_models, xs)
         circuit_counts = self._empty_circuits(global_model, local_models, local, glob, audit, per_class, xs, ys)
         clock.lap("checks")
@@ -313,18 +315,18 @@ class Circuits(Diagnostic):
         self._previous.update(local)
 
         arrays = {
-            f"{kind}/{pid}/{c}/{layer}": mask.astype(np.uint8)
+            f"{kind}/{partition_id}/{c}/{layer}": mask.astype(np.uint8)
             for kind, models in (("local", local), ("global", glob))
-            for pid, m in models.items() for c, layers in m.items() for layer, mask in layers.items()
+            for partition_id, m in models.items() for c, layers in m.items() for layer, mask in layers.items()
         }
         arrays.update({f"audit/{c}/{layer}": to_bools(mask).astype(np.uint8)
                        for c, layers in audit.items() for layer, mask in layers.items()})
-        client_seconds = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("seconds"),
-                                     "global": u.global_diagnostics.get("circuits", {}).get("seconds")}
-                          for pid, u in state.clients.items()}
-        client_steps = {str(pid): {"local": u.diagnostics.get("circuits", {}).get("steps"),
-                                   "global": u.global_diagnostics.get("circuits", {}).get("steps")}
-                        for pid, u in state.clients.items()}
+        client_seconds = {str(partition_id): {"local": u.diagnostics.get("circuits", {}).get("seconds"),
+                                              "global": u.global_diagnostics.get("circuits", {}).get("seconds")}
+                          for partition_id, u in state.clients.items()}
+        client_steps = {str(partition_id): {"local": u.diagnostics.get("circuits", {}).get("steps"),
+                                            "global": u.global_diagnostics.get("circuits", {}).get("steps")}
+                        for partition_id, u in state.clients.items()}
         metrics = {"empty_iou": p.empty_iou, "mean": mean, **counts, "per_class": {str(c): v for c, v in per_class.items()},
                    "circuit_counts": circuit_counts, "predictions": predictions, "sizes": result_sizes,
                    "ablation": ablation, "client_seconds": client_seconds, "client_steps": client_steps, "server_seconds": clock.laps,
@@ -346,8 +348,8 @@ class Circuits(Diagnostic):
         class of ``per_class``."""
         position = self.params.gates.position
         closed_global = without_channels(global_model, xs, position)
-        closed = {pid: without_channels(m, xs, position) for pid, m in local_models.items()
-                  if any(is_empty(mask) for mask in local[pid].values())}
+        closed = {partition_id: without_channels(m, xs, position) for partition_id, m in local_models.items()
+                  if any(is_empty(mask) for mask in local[partition_id].values())}
 
         def bias_only(pred: torch.Tensor, c: int) -> bool:
             in_class = ys == c
@@ -355,10 +357,12 @@ class Circuits(Diagnostic):
 
         counts = {}
         for kind, models, preds in (("local", local, closed), ("global", glob, None)):
-            empty = {c: [pid for pid in sorted(models) if c in models[pid] and is_empty(models[pid][c])]
+            empty = {c: [partition_id for partition_id in sorted(models)
+                         if c in models[partition_id] and is_empty(models[partition_id][c])]
                      for c in per_class}
-            biased = {c: [pid for pid in pids if bias_only(closed_global if preds is None else preds[pid], c)]
-                      for c, pids in empty.items()}
+            biased = {c: [partition_id for partition_id in partition_ids
+                          if bias_only(closed_global if preds is None else preds[partition_id], c)]
+                      for c, partition_ids in empty.items()}
             for c in per_class:
                 per_class[c].setdefault("empty", {})[kind] = empty[c]
                 per_class[c].setdefault("bias_only", {})[kind] = biased[c]
@@ -385,14 +389,14 @@ class Circuits(Diagnostic):
             return channel_means(model, xs, position=position) if "mean" in p.fills else None
 
         jobs: dict[str, list[tuple[Any, int, Any]]] = defaultdict(list)
-        for pid in sorted(local):
-            for c, mask in local[pid].items():
+        for partition_id in sorted(local):
+            for c, mask in local[partition_id].items():
                 if "cross" in p.ablations:
                     jobs["cross"].append((global_model, c, mask))
-                if "global" in p.ablations and c in glob.get(pid, {}):
-                    jobs["global"].append((global_model, c, glob[pid][c]))
-            if "local" in p.ablations and local[pid]:
-                jobs["local"].extend((local_models[pid], c, mask) for c, mask in local[pid].items())
+                if "global" in p.ablations and c in glob.get(partition_id, {}):
+                    jobs["global"].append((global_model, c, glob[partition_id][c]))
+            if "local" in p.ablations and local[partition_id]:
+                jobs["local"].extend((local_models[partition_id], c, mask) for c, mask in local[partition_id].items())
         if audit:
             jobs["audit"] = [(global_model, c, mask) for c, mask in audit.items()]
         sizes = global_model.gated_layers()
@@ -511,7 +515,7 @@ def _log_round(server_round: int, m: dict[str, Any]) -> None:
                         "every gated channel closed); %s", server_round, c["empty"], c["circuits"], kind, c["bias_only"],
                         _convention(m["empty_iou"]))
     models = {"global model": m["predictions"]["global"],
-              **{f"client {pid}": v for pid, v in m["predictions"]["clients"].items()}}
+              **{f"client {partition_id}": v for partition_id, v in m["predictions"]["clients"].items()}}
     degenerate = [f"{name} (class {v['max_predicted_class']}: {100 * v['max_predicted_fraction']:.0f}%)"
                   for name, v in models.items() if v["max_predicted_fraction"] > DEGENERATE_FRACTION]
     if degenerate:

@@ -102,9 +102,9 @@ class Usae(Diagnostic):
             names.append(f"reference {self._reference[0]}")
             models.append(self._reference[1])
         else:
-            for pid, update in state.clients.items():
+            for partition_id, update in state.clients.items():
                 models.append(state.build_model(update.arrays))
-                names.append(f"client {pid}")
+                names.append(f"client {partition_id}")
         return models, names
 
     def server_side(self, state: RoundState) -> DiagnosticResult:

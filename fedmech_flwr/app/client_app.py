@@ -16,8 +16,8 @@ the due client-side diagnostics, and replies with:
 - ``arrays``: the trained weights (ArrayRecord, same names as the global model);
 - ``metrics``: ``num-examples`` and the client's numeric metrics (MetricRecord; the
   strategy averages these);
-- ``report``: ``partition-id`` (the client's id: a shard node's partition-id, or the id the
-  server gave an own-data node), ``details`` (a JSON string with per-client values that
+- ``report``: ``partition-id`` (the client's partition id: a shard node's partition-id, or
+  the id the server gave an own-data node), ``details`` (a JSON string with per-client values that
   must not be averaged: per-class accuracy, per-layer sparsity), the client-side
   diagnostic results (see ``hooks.encode_results``), the arrays the client uploads for its
   strategy (``upload:<name>``) and its state (``client-state``), packed.
@@ -59,12 +59,12 @@ from fedmech_flwr.experiment import client_partitions, load_data, new_model
 from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
 from fedmech_flwr.training import evaluate, resolve_device
 from fedmech_flwr.wire import (
-    CLIENT_IDS_KEY,
     CLIENT_STATE_KEY,
     CONFIG_KEY,
     DATA_SPEC_KEY,
     DIAGNOSE_ACTION,
     IDENTIFY_ACTION,
+    PARTITION_IDS_KEY,
     REPORT_KEY,
     UPLOAD_PREFIX,
 )
@@ -160,12 +160,13 @@ def own_data(context: Context, spec_json: str) -> NodeData | None:
     return _NODE_DATA[key]
 
 
-def _client_id(config: ConfigRecord, context: Context) -> int:
-    """The id the server gave this own-data node when it joined (``CLIENT_IDS_KEY``)."""
-    ids = json.loads(str(config[CLIENT_IDS_KEY]))
+def _partition_id(config: ConfigRecord, context: Context) -> int:
+    """The partition id the server gave this own-data node when it joined
+    (``PARTITION_IDS_KEY``)."""
+    ids = json.loads(str(config[PARTITION_IDS_KEY]))
     if str(context.node_id) not in ids:
-        raise RuntimeError(f"the server gave node '{node_key(context)}' (node id {context.node_id}) no client id: "
-                           "it was refused before the first round (see the run's failure records)")
+        raise RuntimeError(f"the server gave node '{node_key(context)}' (node id {context.node_id}) no partition "
+                           "id: it was refused before the first round (see the run's failure records)")
     return int(ids[str(context.node_id)])
 
 
@@ -197,7 +198,7 @@ def _decode(value: Any) -> Any:
 
 
 def _setup(msg: Message, context: Context):
-    """The config, round, client id, device, data and a fresh model for ``msg``."""
+    """The config, round, partition id, device, data and a fresh model for ``msg``."""
     config = msg.content["config"]
     cfg = node_dataset(_config(str(config[CONFIG_KEY])), context.node_config)
     torch.set_num_threads(cfg.simulation.cpus_per_client)
@@ -207,14 +208,14 @@ def _setup(msg: Message, context: Context):
         spec = NodeDataSpec.from_json(str(config[DATA_SPEC_KEY]))
         val = (own.x_val.to(device), own.y_val.to(device)) if own.x_val is not None else (None, None)
         data = ClientData(own.x.to(device), own.y.to(device), own.num_classes, *val)
-        return cfg, server_round, _client_id(config, context), device, data, new_model(cfg, spec, device)
-    pid, total = node_partition(context)
+        return cfg, server_round, _partition_id(config, context), device, data, new_model(cfg, spec, device)
+    partition_id, total = node_partition(context)
     if total != cfg.federation.num_clients:
         raise RuntimeError(f"num-partitions={total} but federation.num_clients={cfg.federation.num_clients}")
     bundle = load_data(cfg)
-    idx = torch.from_numpy(client_partitions(cfg, bundle)[pid])
+    idx = torch.from_numpy(client_partitions(cfg, bundle)[partition_id])
     data = ClientData(bundle.x_train[idx].to(device), bundle.y_train[idx].to(device), bundle.num_classes)
-    return cfg, server_round, pid, device, data, new_model(cfg, bundle, device)
+    return cfg, server_round, partition_id, device, data, new_model(cfg, bundle, device)
 
 
 @app.query(IDENTIFY_ACTION)
@@ -227,8 +228,9 @@ def identify(msg: Message, context: Context) -> Message:
     if own := own_data(context, str(msg.content["config"][DATA_SPEC_KEY])):
         info = MetricRecord({"num-samples": len(own.y), "label-histogram": own.label_histogram})
         return Message(RecordDict({"node": info, "name": ConfigRecord({"node-key": node_key(context)})}), reply_to=msg)
-    pid, total = node_partition(context)
-    return Message(RecordDict({"node": MetricRecord({"partition-id": pid, "num-partitions": total})}), reply_to=msg)
+    partition_id, total = node_partition(context)
+    info = MetricRecord({"partition-id": partition_id, "num-partitions": total})
+    return Message(RecordDict({"node": info}), reply_to=msg)
 
 
 def _client_state(msg: Message, context: Context) -> NamedArrays:
@@ -242,12 +244,12 @@ def _client_state(msg: Message, context: Context) -> NamedArrays:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg, server_round, pid, device, data, model = _setup(msg, context)
+    cfg, server_round, partition_id, device, data, model = _setup(msg, context)
     received = {name: from_record(record) for name, record in msg.content.array_records.items()
                 if name not in ("arrays", CLIENT_STATE_KEY)}
     client = CLIENTS.get(cfg.client.name).factory(
         cfg.client.params, model=model, data=data, train=cfg.train, pruning=cfg.pruning,
-        seed=cfg.seed, partition_id=pid, state=_client_state(msg, context), received=received,
+        seed=cfg.seed, partition_id=partition_id, state=_client_state(msg, context), received=received,
     )
     global_arrays = from_record(msg.content["arrays"])
     params = [global_arrays[k] for k in model.state_dict()]
@@ -261,7 +263,7 @@ def train(msg: Message, context: Context) -> Message:
     if data.x_val is not None:  # a node's own validation split: its numbers are the node's alone, never averaged
         val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})
-    node = NodeRound(cfg.diagnostics, server_round, pid, data.x, data.y, data.num_classes, device, cfg.seed)
+    node = NodeRound(cfg.diagnostics, server_round, partition_id, data.x, data.y, data.num_classes, device, cfg.seed)
     report = node.train_report(global_model.eval(), model.eval(), details)
     for name, arrays in client.upload.items():
         report[UPLOAD_PREFIX + name] = pack(arrays)
@@ -278,9 +280,9 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query(DIAGNOSE_ACTION)
 def diagnose(msg: Message, context: Context) -> Message:
-    cfg, server_round, pid, device, data, model = _setup(msg, context)
+    cfg, server_round, partition_id, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
-    node = NodeRound(cfg.diagnostics, server_round, pid, data.x, data.y, data.num_classes, device, cfg.seed)
+    node = NodeRound(cfg.diagnostics, server_round, partition_id, data.x, data.y, data.num_classes, device, cfg.seed)
     return node.diagnose_reply(msg, model.eval())
 
 
@@ -288,8 +290,8 @@ def client_query(msg: Message, context: Context) -> Message:
     """Answer a strategy's ``query.<name>`` with its registered handler's record."""
     plugins.load()
     handler = CLIENT_QUERIES.get(msg.metadata.message_type.partition(".")[2]).factory
-    cfg, server_round, pid, device, data, model = _setup(msg, context)
+    cfg, server_round, partition_id, device, data, model = _setup(msg, context)
     load_model_arrays(model, from_record(msg.content["arrays"]))
-    ctx = QueryContext(server_round, pid, model.eval(), msg.content["config"], data.x, data.y, data.num_classes,
-                       device, cfg.seed, cfg.eval_batch_size)
+    ctx = QueryContext(server_round, partition_id, model.eval(), msg.content["config"], data.x, data.y,
+                       data.num_classes, device, cfg.seed, cfg.eval_batch_size)
     return Message(handler(ctx), reply_to=msg)

@@ -20,7 +20,7 @@ from fedmech_flwr.wire import REPORT_KEY
 
 @dataclass(frozen=True)
 class NodeRound:
-    """What a node holds in one round: the diagnostics, its client id and its own data."""
+    """What a node holds in one round: the diagnostics, its partition id and its own data."""
 
     diagnostics: list[DiagnosticSpec]
     server_round: int
@@ -32,7 +32,7 @@ class NodeRound:
     seed: int
 
     def train_report(self, received: FedMechModel, trained: FedMechModel, details: dict[str, Any]) -> ConfigRecord:
-        """A train reply's ``report``: the client id, ``details`` (per-client values that
+        """A train reply's ``report``: the partition id, ``details`` (per-client values that
         must not be averaged) and the due diagnostics' ``client_side`` results on the
         model received and the model trained."""
         ctx = ClientContext(self.server_round, self.partition_id, received, trained, self.x, self.y,

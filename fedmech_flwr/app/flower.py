@@ -281,9 +281,10 @@ class _Node:
         """This node's round, for the server's settings in ``config``."""
         cfg = _settings(str(config[CONFIG_KEY]))
         device = resolve_device(cfg.device)
-        pid, _ = node_partition(context, _PARTITION_NEEDED)
+        partition_id, _ = node_partition(context, _PARTITION_NEEDED)
         x, y = self.data(context, device)
-        return NodeRound(cfg.diagnostics, int(config["server-round"]), pid, x, y, cfg.num_classes, device, cfg.seed)
+        server_round = int(config["server-round"])
+        return NodeRound(cfg.diagnostics, server_round, partition_id, x, y, cfg.num_classes, device, cfg.seed)
 
 
 def attach_diagnostics(app: ClientApp, model_builder: NodeModelBuilder, train_data: TrainData) -> ClientApp:
@@ -314,10 +315,11 @@ def attach_diagnostics(app: ClientApp, model_builder: NodeModelBuilder, train_da
 
 def _identify(node: _Node, msg: Message, context: Context) -> Message:
     cfg = _settings(str(msg.content["config"][CONFIG_KEY]))
-    pid, total = node_partition(context, _PARTITION_NEEDED)
+    partition_id, total = node_partition(context, _PARTITION_NEEDED)
     _, y = node.train_data(context)
     hist = torch.bincount(y.cpu(), minlength=cfg.num_classes).tolist()
-    info = MetricRecord({"partition-id": pid, "num-partitions": total, "num-samples": len(y), "label-histogram": hist})
+    info = MetricRecord({"partition-id": partition_id, "num-partitions": total, "num-samples": len(y),
+                         "label-histogram": hist})
     return Message(RecordDict({"node": info}), reply_to=msg)
 
 

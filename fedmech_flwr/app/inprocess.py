@@ -25,7 +25,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+from flwr.supercore.run import Run as FlowerRun  # the project's own Run is fedmech_flwr.app.run.Run
 
 from fedmech_flwr.app.run import resume_config, run_experiment
 from fedmech_flwr.config import ExperimentConfig
@@ -42,7 +42,7 @@ class InProcessGrid(Grid):
     def __init__(self, client_app: ClientApp, num_nodes: int, run_id: int = 1,
                  node_configs: list[dict[str, Any]] | None = None) -> None:
         self.client_app = client_app
-        self._run = Run.create_empty(run_id)
+        self._run = FlowerRun.create_empty(run_id)
         node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.contexts = {
             FIRST_CLIENT_NODE_ID + i: Context(
@@ -56,11 +56,11 @@ class InProcessGrid(Grid):
         }
         server_identity(run_id)
 
-    def set_run(self, run: Run) -> None:
+    def set_run(self, run: FlowerRun) -> None:
         self._run = run
 
     @property
-    def run(self) -> Run:
+    def run(self) -> FlowerRun:
         return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None) -> Message:

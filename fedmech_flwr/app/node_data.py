@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DatasetBundle, Pixels
+from fedmech_flwr.data import DatasetBundle, Pixels, npz_arrays
+from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import client_partitions, load_data
 from fedmech_flwr.registry import did_you_mean
 from fedmech_flwr.run_folder import memory_available_gib
@@ -115,34 +116,19 @@ def load_node_data(path: str | Path, spec: NodeDataSpec) -> NodeData:
     return _node_data(path, spec, *(arrays.get(k) for k in ("x", "y", "x_val", "y_val")))
 
 
-NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-"""The .npy header versions ``numpy.savez`` writes, and their public readers."""
-
-
 def _check_npz_headers(path: Path, spec: NodeDataSpec) -> None:
-    """The arrays' headers (shape, dtype) against ``spec``, and their sizes against what
-    the file holds and this host's free memory, before anything is loaded: a header that
-    claims a huge shape is refused, naming the file, instead of failing in allocation."""
-    headers: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    claimed = 0
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            key = info.filename.removesuffix(".npy")
-            with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version not in NPY_HEADER_READERS:
-                    raise NodeDataError(f"{path}: {key} is in .npy format {version}; write it with numpy.savez")
-                shape, _, dtype = NPY_HEADER_READERS[version](member)
-                stored = info.file_size - member.tell()
-            size = int(np.prod(shape, dtype=object)) * dtype.itemsize
-            if size > stored:
-                raise NodeDataError(f"{path}: {key}'s header claims shape {shape} ({size:,} bytes) but the file holds "
-                                    f"{stored:,} bytes of it; the file was damaged: write it again")
-            headers[key] = shape, dtype
-            claimed += size
+    """The arrays' headers (shape, dtype) against the bytes the file holds (``npz_arrays``),
+    ``spec`` and this host's free memory, before anything is loaded: a header that claims
+    a huge shape is refused, naming the file, instead of failing in allocation."""
+    try:
+        stored = npz_arrays(path)
+    except BadFileError as err:
+        raise NodeDataError(str(err)) from None
     for x_key, y_key in (("x", "y"), ("x_val", "y_val")):
-        if x_key in headers and y_key in headers:
-            _check_layout(path, spec, x_key, *headers[x_key], y_key, *headers[y_key])
+        if x_key in stored and y_key in stored:
+            x, y = stored[x_key], stored[y_key]
+            _check_layout(path, spec, x_key, x.shape, x.dtype, y_key, y.shape, y.dtype)
+    claimed = sum(array.nbytes for array in stored.values())
     free_gib = memory_available_gib()
     if claimed > free_gib * 2**30:
         raise NodeDataError(f"{path} holds {claimed / 2**30:.1f} GiB of arrays and this node has {free_gib:.1f} GiB "
@@ -257,18 +243,19 @@ def _read_image_folder(root: Path, spec: NodeDataSpec) -> tuple[np.ndarray, np.n
     images = []
     for _, file in labelled:
         try:
-            with Image.open(file) as img:
-                mode, size, pixels = img.mode, img.size, np.asarray(img)
-        except OSError as err:
+            with Image.open(file) as img:  # reads the header: mode and size are checked before the pixels are decoded
+                if img.mode not in _MODES:
+                    expected = "L (greyscale)" if c == 1 else "RGB"
+                    raise NodeDataError(f"{file}: image mode {img.mode}; expected {expected}")
+                if img.size != (w, h):
+                    raise NodeDataError(f"{file}: image is {img.height}x{img.width} pixels, expected {h}x{w} "
+                                        f"(dataset '{spec.dataset}'); resize it")
+                if _MODES[img.mode] != c:
+                    raise NodeDataError(f"{file}: image has {_MODES[img.mode]} channel(s) (mode {img.mode}), "
+                                        f"expected {c}")
+                images.append(np.asarray(img))
+        except (OSError, Image.DecompressionBombError) as err:
             raise NodeDataError(f"{file} is not a readable image ({err})") from err
-        if mode not in _MODES:
-            raise NodeDataError(f"{file}: image mode {mode}; expected {'L (greyscale)' if c == 1 else 'RGB'}")
-        if size != (w, h):
-            raise NodeDataError(f"{file}: image is {size[1]}x{size[0]} pixels, expected {h}x{w} "
-                                f"(dataset '{spec.dataset}'); resize it")
-        if _MODES[mode] != c:
-            raise NodeDataError(f"{file}: image has {_MODES[mode]} channel(s) (mode {mode}), expected {c}")
-        images.append(pixels)
     if not images:
         return np.zeros((0, h, w, c), np.uint8), np.zeros(0, np.int64)
     x = np.stack(images)
@@ -278,9 +265,9 @@ def _read_image_folder(root: Path, spec: NodeDataSpec) -> tuple[np.ndarray, np.n
 NODE_FORMATS = ("npz", "images")
 
 
-def write_node_data(cfg: ExperimentConfig, out: str | Path, clients: list[int] | None = None,
+def write_node_data(cfg: ExperimentConfig, out: str | Path, partition_ids: list[int] | None = None,
                     fmt: str = "npz") -> list[Path]:
-    """Write the shards of ``cfg``'s partition (``clients``: these partition-ids; default
+    """Write the shards of ``cfg``'s partition (``partition_ids``: these shards; default
     all) as per-node data, ``out/node_III.npz`` or ``out/node_III/CLASS/*.png``: a test
     federation whose nodes bring their own data. An .npz holds exactly the shard's pixels
     in the shard's order, so nodes on these files train bitwise as the simulation does."""
@@ -293,12 +280,12 @@ def write_node_data(cfg: ExperimentConfig, out: str | Path, clients: list[int] |
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for pid in range(len(parts)) if clients is None else clients:
-        if not 0 <= pid < len(parts):
-            raise ValueError(f"client {pid} is outside the partition's clients 0..{len(parts) - 1}")
-        idx = torch.from_numpy(parts[pid])
+    for partition_id in range(len(parts)) if partition_ids is None else partition_ids:
+        if not 0 <= partition_id < len(parts):
+            raise ValueError(f"client {partition_id} is outside the partition's clients 0..{len(parts) - 1}")
+        idx = torch.from_numpy(parts[partition_id])
         pixels = bundle.pixels.from_tensor(bundle.x_train[idx])
-        written.append(write_node_file(out / f"node_{pid:03d}", pixels, bundle.y_train[idx].numpy(), fmt))
+        written.append(write_node_file(out / f"node_{partition_id:03d}", pixels, bundle.y_train[idx].numpy(), fmt))
     return written
 
 

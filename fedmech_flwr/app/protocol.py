@@ -2,15 +2,15 @@
 
 ``RoundProtocol`` adds, around whatever strategy the experiment names:
 
-- node discovery (``discover_nodes``): every node is a client with a stable id, its
-  partition-id (a shard node) or, for a node with its own data, one of the ids left over,
-  given in the order of the nodes' keys (``node-name``, else the node id); a node whose
-  data fails the experiment's checks is refused before the first round. In Flower's
-  simulation, where every node is a shard node, ``simulated_roster`` reads the same map
-  from the simulation engine without a message;
-- sampling by client id with a seeded RNG (Flower samples node IDs, which are random
+- node discovery (``discover_nodes``): every node is a client with a stable partition id:
+  its node-config's partition-id (a shard node) or, for a node with its own data, one of
+  the ids left over, given in the order of the nodes' keys (``node-name``, else the node
+  id); a node whose data fails the experiment's checks is refused before the first
+  round. In Flower's simulation, where every node is a shard node, ``simulated_roster``
+  reads the same map from the simulation engine without a message;
+- sampling by partition id with a seeded RNG (Flower samples node IDs, which are random
   per run); the inner strategy is offered only the sampled nodes and trains all of them;
-- aggregation in client-id order (bitwise-reproducible sums);
+- aggregation in partition-id order (bitwise-reproducible sums);
 - the failed-client policy (``fail`` the run, or ``continue`` with at least N replies),
   always written to the per-round log; a client fails when it raises, does not reply
   within ``round_timeout_s`` or sends NaN/Inf weights (dropped before aggregation, so
@@ -100,20 +100,21 @@ class Roster:
     """The federation as discovered before the first round."""
 
     clients: dict[int, NodeInfo]
-    """Client id -> node, ascending."""
+    """Partition id -> node, ascending."""
     refused: list[tuple[int, str, str]]
     """(node id, one-line reason, the error's whole text) of nodes refused at discovery."""
 
     @property
     def node_ids(self) -> dict[int, int]:
-        """``{client_id: node_id}``."""
-        return {cid: info.node_id for cid, info in self.clients.items()}
+        """``{partition_id: node_id}``."""
+        return {partition_id: info.node_id for partition_id, info in self.clients.items()}
 
     def ids_json(self) -> str:
-        """``{node_id: client_id}`` of the own-data nodes as JSON, for ``CLIENT_IDS_KEY``
+        """``{node_id: partition_id}`` of the own-data nodes as JSON, for ``PARTITION_IDS_KEY``
         (a shard node's id is its partition-id, which it knows; leaving shard nodes out
         keeps every message's config from growing with the federation)."""
-        return json.dumps({str(info.node_id): cid for cid, info in self.clients.items() if info.source == NODE_PROVIDED})
+        return json.dumps({str(info.node_id): partition_id for partition_id, info in self.clients.items()
+                           if info.source == NODE_PROVIDED})
 
 
 def connected_nodes(grid: Grid, expected: int, timeout: float) -> list[int]:
@@ -152,13 +153,13 @@ def simulated_roster(grid: Grid, expected: int, timeout: float) -> Roster | None
         return None
     connected = set(connected_nodes(grid, expected, timeout))
     in_order = [info.node_id for info in grid.state.get_node_info() if info.node_id in connected]
-    return Roster({pid: NodeInfo(node, SHARD) for pid, node in enumerate(in_order)}, [])
+    return Roster({partition_id: NodeInfo(node, SHARD) for partition_id, node in enumerate(in_order)}, [])
 
 
 def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigRecord, num_classes: int) -> Roster:
     """Ask every node who it is (``config`` carries the experiment and ``DATA_SPEC_KEY``,
     which own-data nodes check their data against) with ``query.identify``, and give each
-    a client id.
+    a partition id.
 
     Waits until ``expected`` nodes are connected. Shard nodes keep their partition-id;
     own-data nodes get the ids no shard node holds, in the order of their keys. A node
@@ -179,16 +180,17 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
             continue
         info = reply.content.metric_records["node"]
         if "partition-id" in info:
-            pid, total = int(info["partition-id"]), int(info["num-partitions"])
+            partition_id, total = int(info["partition-id"]), int(info["num-partitions"])
             if total != expected:
                 raise ClientFailure(f"node {node} says num-partitions={total}, but federation.num_clients is "
                                     f"{expected}; they must agree")
-            if pid in shards:
-                raise ClientFailure(f"two nodes claim partition-id {pid}; each node needs its own")
-            if not 0 <= pid < expected:
-                raise ClientFailure(f"node {node} claims partition-id {pid}, outside 0..{expected - 1}")
+            if partition_id in shards:
+                raise ClientFailure(f"two nodes claim partition-id {partition_id}; each node needs its own")
+            if not 0 <= partition_id < expected:
+                raise ClientFailure(f"node {node} claims partition-id {partition_id}, outside 0..{expected - 1}")
             reported = tuple(int(c) for c in info.get("label-histogram", []))  # a user's own ClientApp says it
-            shards[pid] = NodeInfo(node, SHARD, num_samples=int(info.get("num-samples", 0)), label_histogram=reported)
+            shards[partition_id] = NodeInfo(node, SHARD, num_samples=int(info.get("num-samples", 0)),
+                                            label_histogram=reported)
             continue
         name = str(reply.content.config_records["name"]["node-key"])
         hist = tuple(int(c) for c in info["label-histogram"])
@@ -201,7 +203,7 @@ def discover_nodes(grid: Grid, expected: int, timeout: float, config: ConfigReco
         own[name] = NodeInfo(node, NODE_PROVIDED, name, int(info["num-samples"]), hist)
     answered = {r[0] for r in refused} | {i.node_id for i in (*shards.values(), *own.values())}
     refused += [(n, f"timeout: no reply within {timeout:g}s", "") for n in node_ids if n not in answered]
-    free = [cid for cid in range(expected) if cid not in shards]
+    free = [partition_id for partition_id in range(expected) if partition_id not in shards]
     clients = {**shards, **dict(zip(free, (own[name] for name in sorted(own))))}
     return Roster(dict(sorted(clients.items())), sorted(refused))
 
@@ -250,7 +252,7 @@ class RoundSummary:
     sent: NamedArrays = field(default_factory=dict)
     """The global model the clients started this round from."""
     updates: dict[int, ClientUpdate] = field(default_factory=dict)
-    """The usable updates, by client id (ascending)."""
+    """The usable updates, by partition id (ascending)."""
 
 
 def client_update(reply: Message) -> ClientUpdate:
@@ -283,7 +285,7 @@ class RoundProtocol(Strategy):
         The resolved experiment, or a user's own Flower app's diagnostics settings
         (sampling, failure policy, seed; sent to the clients with the diagnose query).
     partitions : dict[int, int]
-        ``{client_id: node_id}`` (``Roster.node_ids`` from :func:`discover_nodes`).
+        ``{partition_id: node_id}`` (``Roster.node_ids`` from :func:`discover_nodes`).
     recorder : RunFolder
         Where per-client records, failures and the strategy's metrics are written.
     post_aggregate : callable, optional
@@ -309,7 +311,7 @@ class RoundProtocol(Strategy):
         self.sent_metrics = sent_metrics
         self.cfg = cfg
         self.partitions = partitions
-        self.node_to_partition = {node: pid for pid, node in partitions.items()}
+        self.node_to_partition = {node: partition_id for partition_id, node in partitions.items()}
         self.recorder = recorder
         self.post_aggregate = post_aggregate
         self.resume_after = resume_after
@@ -317,20 +319,23 @@ class RoundProtocol(Strategy):
         """Added to Flower's round number to get the experiment's round."""
         self.current = RoundSummary()
         self.client_states: dict[int, NamedArrays] = {}
-        """Client id -> the state its last accepted reply carried (empty for a client whose
+        """Partition id -> the state its last accepted reply carried (empty for a client whose
         replies were all dropped)."""
         self._on_node: set[int] = set()
         """Clients whose node holds their accepted state in this Flower run (their last reply
         in it was accepted)."""
+        self._evaluate_hinted = False
+        """Whether a failed evaluate reply has been explained (``aggregate_evaluate``)."""
 
     def sample(self, server_round: int) -> list[int]:
-        """Client ids trained in ``server_round`` (seeded by seed and round; sorted)."""
+        """Partition ids trained in ``server_round`` (seeded by seed and round; sorted)."""
         fed = self.cfg.federation
         everyone = sorted(self.partitions)
         if fed.clients_per_round is None or fed.clients_per_round >= len(everyone):
             return everyone
         rng = numpy_rng(self.cfg.seed, "client-sampling", None, server_round)
-        return sorted(int(p) for p in rng.choice(everyone, size=fed.clients_per_round, replace=False))
+        drawn = rng.choice(everyone, size=fed.clients_per_round, replace=False)
+        return sorted(int(partition_id) for partition_id in drawn)
 
     def summary(self) -> None:
         log.info("RoundProtocol around %s", type(self.strategy).__name__)
@@ -340,16 +345,17 @@ class RoundProtocol(Strategy):
         server_round += self.offset
         sampled = self.sample(server_round)
         self.current = RoundSummary(server_round, tuple(sampled), started_at=time.perf_counter(), sent=from_record(arrays))
-        offered = _OfferedGrid(grid, [self.partitions[p] for p in sampled])
+        offered = _OfferedGrid(grid, [self.partitions[partition_id] for partition_id in sampled])
         with seeded_globals(seed_for(self.cfg.seed, "flower-sampling", None, server_round)):  # Flower samples with random
             messages = list(self.strategy.configure_train(server_round, arrays, config, offered))
         # a strategy that samples itself (a user's own, fraction_train < 1) trains fewer
         self.current.sampled = tuple(sorted(self.node_to_partition[m.metadata.dst_node_id] for m in messages))
         for msg in messages:
-            pid = self.node_to_partition[msg.metadata.dst_node_id]
-            if pid in self.client_states and pid not in self._on_node:  # a resumed run or a dropped reply
+            partition_id = self.node_to_partition[msg.metadata.dst_node_id]
+            # a resumed run or a dropped reply
+            if partition_id in self.client_states and partition_id not in self._on_node:
                 # strategies share one content among their messages: this one gets its own
-                msg.content = RecordDict({**msg.content, CLIENT_STATE_KEY: to_record(self.client_states[pid])})
+                msg.content = RecordDict({**msg.content, CLIENT_STATE_KEY: to_record(self.client_states[partition_id])})
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -358,9 +364,10 @@ class RoundProtocol(Strategy):
         self.current.train_seconds = time.perf_counter() - self.current.started_at
         usable, failures = self._screen(replies)
         self._apply_failure_policy(server_round, failures, len(usable))
-        for pid, _, _ in failures:  # its node may hold a state the server never accepted: resend the accepted one
-            self._on_node.discard(pid)
-            self.client_states.setdefault(pid, {})
+        # a failed client's node may hold a state the server never accepted: resend the accepted one
+        for partition_id, _, _ in failures:
+            self._on_node.discard(partition_id)
+            self.client_states.setdefault(partition_id, {})
         updates = self.current.updates = {u.partition_id: u for _, u in usable}
         self.current.succeeded = tuple(updates)
         for update in updates.values():
@@ -384,19 +391,19 @@ class RoundProtocol(Strategy):
         and the error's whole text (empty but for error replies): an error reply, no reply
         before the timeout, or NaN/Inf in the returned weights. A reply from a client other
         than the one its node was sampled as (the roster is wrong) stops the run."""
-        pid_of = {id(r): self.node_to_partition[r.metadata.src_node_id] for r in replies}
+        partition_of = {id(r): self.node_to_partition[r.metadata.src_node_id] for r in replies}
         timeout = self.cfg.federation.round_timeout_s
-        failures = [(pid, f"timeout: no reply within {timeout:g}s", "")
-                    for pid in self.current.sampled if pid not in pid_of.values()]
+        failures = [(partition_id, f"timeout: no reply within {timeout:g}s", "")
+                    for partition_id in self.current.sampled if partition_id not in partition_of.values()]
         usable = []
-        for reply in sorted(replies, key=lambda r: pid_of[id(r)]):
+        for reply in sorted(replies, key=lambda r: partition_of[id(r)]):
             if reply.has_error():
-                failures.append((pid_of[id(reply)], failure_reason(reply.error), reply.error.reason))
+                failures.append((partition_of[id(reply)], failure_reason(reply.error), reply.error.reason))
                 continue
             update = client_update(reply)
-            if update.partition_id != pid_of[id(reply)]:
+            if update.partition_id != partition_of[id(reply)]:
                 raise ClientFailure(
-                    f"node {reply.metadata.src_node_id} was sampled as client {pid_of[id(reply)]} but replied as "
+                    f"node {reply.metadata.src_node_id} was sampled as client {partition_of[id(reply)]} but replied as "
                     f"client {update.partition_id}: the roster does not match the federation's partition-ids"
                 )
             if bad := non_finite(update.arrays):
@@ -407,13 +414,13 @@ class RoundProtocol(Strategy):
 
     def _apply_failure_policy(self, server_round: int, failures: list[tuple[int, str, str]], num_usable: int) -> None:
         fed = self.cfg.federation
-        for pid, reason, details in failures:
-            self.recorder.failure(server_round, pid, reason, fed.on_client_failure, details)
-            log.warning("round %d: client %d failed: %s", server_round, pid, reason)
+        for partition_id, reason, details in failures:
+            self.recorder.failure(server_round, partition_id, reason, fed.on_client_failure, details)
+            log.warning("round %d: client %d failed: %s", server_round, partition_id, reason)
         if failures and fed.on_client_failure == "fail":
-            pid, reason, _ = failures[0]
+            partition_id, reason, _ = failures[0]
             raise ClientFailure(
-                f"round {server_round}: client {pid} failed ({reason}); "
+                f"round {server_round}: client {partition_id} failed ({reason}); "
                 "federation.on_client_failure is 'fail' (set it to 'continue' to drop failed clients)"
             )
         if num_usable < fed.min_replies:
@@ -422,18 +429,30 @@ class RoundProtocol(Strategy):
             )
 
     def state_arrays(self) -> NamedArrays:
-        """The clients' states for the resume point, as ``<client id>/<name>``."""
-        return {f"{pid}/{k}": v for pid, state in sorted(self.client_states.items()) for k, v in state.items()}
+        """The clients' states for the resume point, as ``<partition id>/<name>``."""
+        return {f"{partition_id}/{k}": v
+                for partition_id, state in sorted(self.client_states.items()) for k, v in state.items()}
 
     def load_state_arrays(self, arrays: NamedArrays) -> None:
         self.client_states = {}
         for key, value in arrays.items():
-            pid, name = key.split("/", 1)
-            self.client_states.setdefault(int(pid), {})[name] = value
+            partition_id, name = key.split("/", 1)
+            self.client_states.setdefault(int(partition_id), {})[name] = value
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        offered = _OfferedGrid(grid, [self.partitions[p] for p in self.current.sampled])
+        offered = _OfferedGrid(grid, [self.partitions[partition_id] for partition_id in self.current.sampled])
         return self.strategy.configure_evaluate(server_round + self.offset, arrays, config, offered)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The strategy's own evaluation of the clients' replies; the first round in which
+        some ClientApp answered with an error says once what to do (a ClientApp without
+        ``@app.evaluate()`` answers every evaluate message so)."""
+        replies = list(replies)
+        failed = [r for r in replies if r.has_error()]
+        if failed and not self._evaluate_hinted:
+            self._evaluate_hinted = True
+            log.warning("round %d: %d of %d clients answered the strategy's evaluate message with an error (%s); "
+                        "the strategy sends one every round (Flower's fraction_evaluate): give your ClientApp an "
+                        "@app.evaluate() function, or the strategy fraction_evaluate=0.0",
+                        server_round + self.offset, len(failed), len(replies), failure_reason(failed[0].error))
         return self.strategy.aggregate_evaluate(server_round + self.offset, replies)

@@ -73,11 +73,11 @@ from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.registry import BUILT_IN
-from fedmech_flwr.run_folder import CONFIG_FILE, PLOTS_DIR, STATE_FILE, ResumePoint, RunFolder
+from fedmech_flwr.run_folder import CONFIG_FILE, METRICS_FILE, STATE_FILE, ResumePoint, RunFolder, read_records
 from fedmech_flwr.strategy import SENT_ACCURACY, SENT_LOSS, STRATEGIES, ReportsAnotherModel, StrategyContext
 from fedmech_flwr.tensorboard_events import EventFiles
 from fedmech_flwr.training import EvalResult, evaluate, resolve_device
-from fedmech_flwr.wire import CLIENT_IDS_KEY, CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, REPORT_KEY, query_nodes
+from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class RunInputs:
     """An exact folder for a new run; with ``resume``, the killed run's folder."""
     resume: bool = False
     shards: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
-    """The server's own partition: client id -> (samples, label histogram). A client not
+    """The server's own partition: partition id -> (samples, label histogram). A client not
     here is recorded as its node reported it."""
     reprune: Callable[[NamedArrays], NamedArrays] | None = None
     """The server's mask policy after aggregation (magnitude pruning back to the target)."""
@@ -175,47 +175,84 @@ class Run:
         ``evaluate_fn`` are a user's own Flower app's, passed on to Flower's loop (their
         ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
         self._started = time.monotonic()
-        folder = self.folder = self._open_folder()
-        try:
+        self.folder = self._open_folder()
+        with self._ending():
             return self._rounds(grid, initial, train_config, evaluate_config, evaluate_fn)
-        finally:  # after the plots, which ``completing`` draws
-            if self.events:
-                self.events.close(sorted((folder.path / PLOTS_DIR).glob("*.png")))
 
     def _rounds(self, grid: Grid, initial: NamedArrays, train_config: ConfigRecord | None,
                 evaluate_config: ConfigRecord | None, evaluate_fn: Evaluate | None) -> Result:
-        """The run's steps once its folder exists (the module docstring's 1 to 4)."""
+        """The run's steps once its folder exists (the module docstring's 1 to 3, and the
+        final model)."""
         inputs, fed, folder = self.inputs, self.cfg.federation, self.folder
-        with completing(folder, lambda: self.protocol.current.server_round if self.protocol else None):
-            if self.cfg.tensorboard:
-                self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
-                                         inputs.class_names)
-            point = self._resume_point(initial) if inputs.resume else None
-            if not inputs.resume:
-                folder.write_config(inputs.recorded_config)
-                folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
-            roster = self._roster(grid)
-            folder.write_partitions(self._partition_entries(roster), inputs.class_names,
-                                    len(inputs.datasets["audit"][1]) if "audit" in inputs.datasets else 0)
-            refuse(self.cfg, folder, roster)
-            self._grid = grid
-            self._train_config = ConfigRecord({**(train_config or {}), **inputs.identify,
-                                               CLIENT_IDS_KEY: roster.ids_json()})
-            self.committed = point or ResumePoint(0, initial, {})
-            self.protocol = RoundProtocol(inputs.strategy, self.cfg, roster.node_ids, folder, inputs.reprune,
-                                          resume_after=point.last_round if point else None,
-                                          sent_metrics=self.sent_metrics)
-            if point is not None:
-                self.restore(point.protocol_state)
-            if isinstance(inputs.strategy, ReportsAnotherModel):
-                log.info("Evaluated and diagnosed: %s (the sent model's accuracy is the strategy metric %s)",
-                         inputs.strategy.reports, SENT_ACCURACY)
-            result = self.protocol.start(
-                grid, to_record(self.committed.global_arrays), num_rounds=fed.num_rounds - self.committed.last_round,
-                timeout=fed.round_timeout_s, train_config=self._train_config, evaluate_config=evaluate_config,
-                evaluate_fn=partial(self._flower_round_end, evaluate_fn))
-            folder.final_model(self.reported(self.committed.global_arrays))
+        point = self._resume_point(initial) if inputs.resume else None
+        if not inputs.resume:
+            folder.write_config(inputs.recorded_config)
+            folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
+        if self.cfg.tensorboard:  # a resumed run's rewritten whole, from the records its resume point kept
+            kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
+            self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
+                                     inputs.class_names, kept)
+        roster = self._roster(grid)
+        folder.write_partitions(self._partition_entries(roster), inputs.class_names,
+                                len(inputs.datasets["audit"][1]) if "audit" in inputs.datasets else 0)
+        refuse(self.cfg, folder, roster)
+        self._grid = grid
+        self._train_config = ConfigRecord({**(train_config or {}), **inputs.identify,
+                                           PARTITION_IDS_KEY: roster.ids_json()})
+        self.committed = point or ResumePoint(0, initial, {})
+        self.protocol = RoundProtocol(inputs.strategy, self.cfg, roster.node_ids, folder, inputs.reprune,
+                                      resume_after=point.last_round if point else None,
+                                      sent_metrics=self.sent_metrics)
+        if point is not None:
+            self.restore(point.protocol_state)
+        if isinstance(inputs.strategy, ReportsAnotherModel):
+            log.info("Evaluated and diagnosed: %s (the sent model's accuracy is the strategy metric %s)",
+                     inputs.strategy.reports, SENT_ACCURACY)
+        result = self.protocol.start(
+            grid, to_record(self.committed.global_arrays), num_rounds=fed.num_rounds - self.committed.last_round,
+            timeout=fed.round_timeout_s, train_config=self._train_config, evaluate_config=evaluate_config,
+            evaluate_fn=partial(self._flower_round_end, evaluate_fn))
+        folder.final_model(self.reported(self.committed.global_arrays))
         return result
+
+    @contextmanager
+    def _ending(self) -> Iterator[None]:
+        """The run's end (step 4). When the block ends: the plots, the event files closed,
+        then the status, written last, so that "completed" means every output is on disk;
+        where ``fedmech run`` holds the folder's lock, the status goes to it
+        (``RunFolder.hand_over``), which keeps the logs and writes the page, then completes
+        the run. When the block, or any of these, raises: failed, with a one-line reason
+        (``failure_text``) and the plots of the rounds it finished. Only a process that
+        dies before it can write the status leaves it "running" (readers then see a dead
+        writer: interrupted)."""
+        folder = self.folder
+        try:
+            yield
+        except BaseException as err:
+            _fail(folder, err, self.protocol.current.server_round if self.protocol else None)
+            try:
+                self._close_outputs()
+            except Exception as output_err:  # never hide the run's own error behind an output's
+                log.warning("could not close the outputs of the failed run: %s", output_err)
+            raise
+        try:
+            self._close_outputs()
+            if folder.hand_over():
+                log.info("Rounds done: %s (fedmech run keeps the logs and writes the page)", folder.path)
+                return
+            folder.set_status("completed")
+        except BaseException as err:
+            _fail(folder, err, None, "after the last round, writing its outputs: ")
+            raise
+        log.info("Run completed: %s", folder.path)
+
+    def _close_outputs(self) -> None:
+        """Draw the plots (a plug-in whose plot fails is skipped with a warning), then add
+        them to the event files and close those."""
+        plots = plot_run(self.folder.path)
+        if self.events:
+            events, self.events = self.events, None
+            events.close(plots)
 
     def _open_folder(self) -> RunFolder:
         inputs = self.inputs
@@ -262,10 +299,10 @@ class Run:
         """partitions.json's client entries: a shard's count and histogram from the
         server's partition where it has one, else as the node reported them."""
         entries = []
-        for cid, info in roster.clients.items():
-            shard = self.inputs.shards.get(cid) if info.source == SHARD else None
+        for partition_id, info in roster.clients.items():
+            shard = self.inputs.shards.get(partition_id) if info.source == SHARD else None
             num, hist = shard or (info.num_samples, list(info.label_histogram))
-            entry = {"partition_id": cid, "num_samples": num, "label_histogram": hist}
+            entry = {"partition_id": partition_id, "num_samples": num, "label_histogram": hist}
             entries.append({**entry, **({"node": info.name} if info.name else {}), "source": info.source})
         return entries
 
@@ -278,7 +315,7 @@ class Run:
 
     def state(self) -> NamedArrays:
         """The ``Resumable`` strategy's and diagnostics' state and the clients' own, under
-        ``strategy/``, ``diagnostic/<index>.<name>/`` and ``clients/<client id>/``."""
+        ``strategy/``, ``diagnostic/<index>.<name>/`` and ``clients/<partition id>/``."""
         return {f"{prefix}{k}": v for prefix, owner in self._stateful() for k, v in owner.state_arrays().items()}
 
     def restore(self, state: NamedArrays) -> None:
@@ -374,15 +411,15 @@ class Run:
         """Send the new aggregate to this round's clients for ``client_side_global``."""
         updates, protocol = self.protocol.current.updates, self.protocol
         config = ConfigRecord({**self._train_config, CONFIG_KEY: self.cfg.to_json(), "server-round": server_round})
-        nodes = [protocol.partitions[pid] for pid in updates]
+        nodes = [protocol.partitions[partition_id] for partition_id in updates]
         for reply in query_nodes(self._grid, nodes, DIAGNOSE_ACTION, arrays, config, self.cfg.federation.round_timeout_s):
-            pid = protocol.node_to_partition[reply.metadata.src_node_id]
+            partition_id = protocol.node_to_partition[reply.metadata.src_node_id]
             if reply.has_error():
                 reason = f"diagnostic pass: {failure_reason(reply.error)}"
-                self.folder.failure(server_round, pid, reason, "continue", reply.error.reason)
-                log.warning("round %d: client %d %s", server_round, pid, reason)
+                self.folder.failure(server_round, partition_id, reason, "continue", reply.error.reason)
+                log.warning("round %d: client %d %s", server_round, partition_id, reason)
                 continue
-            updates[pid].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
+            updates[partition_id].global_diagnostics = decode_results(reply.content.config_records[REPORT_KEY])
 
     def _notice_undeclared(self, records: list[dict[str, Any]]) -> None:
         """Once per plug-in, at the first round it records metrics it does not declare, one
@@ -418,31 +455,6 @@ class Run:
         if server_round == first or not left:
             return ""
         return f" | ETA {duration((now - then) / (server_round - first) * left)}"
-
-
-@contextmanager
-def completing(folder: RunFolder, current_round: Callable[[], int | None] = lambda: None) -> Iterator[None]:
-    """End ``folder`` as completed, with its plots, when the block ends; as failed, with a
-    one-line reason (``failure_text``; ``current_round`` says where the run was) and the
-    plots of the rounds it finished, when the block, the final plots or the status write
-    raise. Only a process that dies before it can write the status leaves it "running"
-    (readers then see a dead writer: interrupted)."""
-    try:
-        yield
-    except BaseException as err:
-        _fail(folder, err, current_round())
-        try:
-            plot_run(folder.path)
-        except Exception as plot_err:  # never hide the run's own error behind a plotting one
-            log.warning("could not plot the failed run: %s", plot_err)
-        raise
-    try:
-        plot_run(folder.path)
-        folder.set_status("completed")
-    except BaseException as err:
-        _fail(folder, err, None, "after the last round, drawing the final plots or writing the status: ")
-        raise
-    log.info("Run completed: %s", folder.path)
 
 
 NOT_RESUMABLE = (Diverged, ConfigError, BadFileError)
@@ -541,7 +553,8 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
         bundle.num_classes, list(bundle.class_names), datasets,
         identify=ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()}),
         out_root=output_root(cfg, out), run_dir=run_dir, resume=resume,
-        shards={cid: (len(part), hist[cid].tolist()) for cid, part in enumerate(parts)},
+        shards={partition_id: (len(part), hist[partition_id].tolist())
+                for partition_id, part in enumerate(parts)},
         reprune=partial(_reprune, cfg, build) if pruning.mode == "magnitude" and pruning.server_reprune else None,
         run_config=run_config or {},
     )

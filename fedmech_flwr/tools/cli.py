@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -38,7 +39,7 @@ from pathlib import Path
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS, Help
 from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
-from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError
+from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import (
@@ -50,7 +51,16 @@ from fedmech_flwr.run_folder import (
     RunFolder,
     read_records,
     read_status,
-    settle_status,
+)
+from fedmech_flwr.safe_text import PrintableFormatter, printable, printable_lines
+from fedmech_flwr.tools.finish import (
+    PAGE_DIR,
+    PAPER_VALUES,
+    exit_code,
+    finish_run,
+    interrupt_run,
+    stopped_by_signals,
+    write_page,
 )
 from fedmech_flwr.tools.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
 from fedmech_flwr.typed import describe_fields
@@ -73,13 +83,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise ConfigError("--set changes an experiment; a sweep's cells are set in its file (set:, presets:)",
                               args.experiment)
         plan = load_sweep(args.experiment)
-        print(f"OK: {args.experiment}: sweep '{plan.name}', {len(plan.cells)} cells, each validated "
-              f"(fedmech sweep {args.experiment} --dry-run lists them)")
+        print(printable(f"OK: {args.experiment}: sweep '{plan.name}', {len(plan.cells)} cells, each validated "
+                        f"(fedmech sweep {args.experiment} --dry-run lists them)"))
         return EXIT_OK
     cfg = _validate(args)
     fed = cfg.federation
     print(
-        f"OK: {args.experiment}: '{cfg.name}': {cfg.data.dataset.name} / {cfg.data.partition.name}, "
+        f"OK: {printable(args.experiment)}: '{cfg.name}': {cfg.data.dataset.name} / {cfg.data.partition.name}, "
         f"{cfg.model.name}, {fed.num_clients} clients x {fed.num_rounds} rounds, strategy {cfg.strategy.name}, "
         f"client {cfg.client.name}, pruning {cfg.pruning.mode}"
     )
@@ -230,39 +240,41 @@ def _engine(cfg: ExperimentConfig) -> str:
     return f"simulation on {where}, {sim.cpus_per_client} CPU(s) per client"
 
 
-PAGE_DIR = "report"
-"""Where a run's or sweep's page goes, inside its folder: ``report/index.html``."""
-
-
-def write_page(paths: list[Path], folder: Path) -> str:
-    """Write the page of a run or sweep folder (``fedmech report`` of it, into
-    ``folder/report``) and return the words that name it for the console's last line; a
-    page that cannot be written is said so, never fatal: the run's own files are intact."""
-    from fedmech_flwr.tools.report import write_report
-
-    try:
-        return f"page: {write_report(paths, folder / PAGE_DIR, PAPER_VALUES)}"
-    except (ConfigError, BadFileError, OSError) as err:
-        return f"no page ({' '.join(str(err).split())}; `fedmech report {folder} --out {folder / PAGE_DIR}` retries it)"
-
-
-def _report(result: LaunchResult, run_dir: Path) -> int:
-    """The console's last line (status, folder, the run's page, what to do next). Exit 0
-    only if Flower says ``finished:completed`` and the run folder ``completed``. A folder
-    still "running" after its ServerApp ended is marked failed here, so no status outlives
-    its writer."""
-    status = settle_status(run_dir, result.status)
+def _report(result: LaunchResult, run_dir: Path, status: dict, page: str) -> int:
+    """The console's last line (status, folder, the run's page, what to do next), from the
+    status ``finish_run`` left. Exit 0 only if Flower says ``finished:completed`` and the
+    run folder ``completed``."""
     if status["status"] == "missing":
-        print(f"failed before the run folder was made (Flower: {result.status}); see the log above", file=sys.stderr)
+        print(printable(f"failed before the run started (Flower: {result.status}): {_last_error(run_dir, result)}"),
+              file=sys.stderr)
         return EXIT_FAILED
-    page = write_page([run_dir], run_dir)
     if result.ok and status["status"] == "completed":
-        print(f"completed: {run_dir} | plots in {run_dir / 'plots'}, Flower's log in {run_dir / 'logs'} | {page}")
+        from fedmech_flwr.plotting import skipped_plots
+
+        skipped = [f"{s['diagnostic']} ({s['where']})" for s in skipped_plots(run_dir)]
+        not_drawn = f" | plots not drawn: {', '.join(skipped)}" if skipped else ""
+        print(printable(f"completed: {run_dir} | plots in {run_dir / 'plots'}{not_drawn}, Flower's log in "
+                        f"{run_dir / 'logs'} | {page}"))
         return EXIT_OK
     reason = status.get("error") or f"Flower's run status is {result.status}"
-    then = f" | once fixed, continue it: fedmech run --resume {run_dir}" if status.get("resumable") else ""
-    print(f"failed: {reason}{then} | logs in {run_dir / 'logs'} | {page}", file=sys.stderr)
+    if result.logs_error and result.logs_error not in reason:
+        reason += f"; {result.logs_error}"
+    resumable = status.get("resumable") or status["status"] == "running"  # its writer gone: the status unwritable
+    then = f" | once fixed, continue it: fedmech run --resume {run_dir}" if resumable else ""
+    print(printable(f"failed: {reason}{then} | logs in {run_dir / 'logs'} | {page}"), file=sys.stderr)
     return EXIT_FAILED
+
+
+def _last_error(run_dir: Path, result: LaunchResult) -> str:
+    """Why a run failed before its ServerApp made its folder: the last error line of the
+    ServerApp's log that the run folder kept, and where the whole log is."""
+    log_file = run_dir / "logs" / "flwr_run.log"
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return result.logs_error or "Flower's log was not kept; run it again with -v to see it"
+    errors = [line.strip() for line in lines if re.search(r"\b\w+(Error|Exception)\b:", line)]
+    return f"{errors[-1] if errors else 'no error line in its log'} (whole log: {log_file})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -276,22 +288,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg, run_dir, run_config = _prepare_run(args)
     try:
-        with _run_lock(run_dir):
+        with stopped_by_signals(), _run_lock(run_dir):
             if args.resume:
                 _prepare_resume(run_dir, args.from_checkpoint)
             print(_start_line(cfg, run_dir, _engine(cfg), bool(args.resume)), flush=True)
             result = launch(run_config, cfg.federation.num_clients, cfg.simulation, verbose=args.verbose)
-    except KeyboardInterrupt:
-        print(f"\n{_stopped(run_dir)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return _report(result, run_dir)
+            status, page = finish_run(run_dir, result.status, result.logs_error, page=True)
+    except KeyboardInterrupt as stop:
+        print(f"\n{printable(_stopped(run_dir, stop))}", file=sys.stderr)
+        return exit_code(stop)
+    return _report(result, run_dir, status, page)
 
 
-def _stopped(run_dir: Path) -> str:
-    """One line for a run stopped by Ctrl-C: where it is, how to continue it, its page."""
+def _stopped(run_dir: Path, stop: KeyboardInterrupt) -> str:
+    """One line for a run stopped by Ctrl-C, SIGTERM or SIGHUP, once every process it
+    started is stopped: where it is, how to continue it, its page."""
     status = read_status(run_dir)["status"]
     if status == "missing":
         return f"stopped before the run folder {run_dir} was made: nothing to resume; start the run again"
+    interrupt_run(run_dir, stop)
     page = write_page([run_dir], run_dir)
     if status == "completed":
         return f"stopped after the run completed: run folder {run_dir} | {page}"
@@ -307,10 +322,16 @@ def cmd_deploy_local(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err), "--node-data") from None
     security = "TLS, SuperNode auth" if args.auth else "TLS" if args.tls or args.certs else "insecure"
-    print(_start_line(cfg, run_dir, f"local Deployment Engine ({security})", False), flush=True)
-    result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
-                          certs=args.certs, port=args.port, node_data=node_data, verbose=args.verbose)
-    return _report(result, run_dir)
+    try:
+        with stopped_by_signals(), _run_lock(run_dir):
+            print(_start_line(cfg, run_dir, f"local Deployment Engine ({security})", False), flush=True)
+            result = deploy_local(run_config, cfg.federation.num_clients, tls=args.tls, auth=args.auth,
+                                  certs=args.certs, port=args.port, node_data=node_data, verbose=args.verbose)
+            status, page = finish_run(run_dir, result.status, result.logs_error, page=True)
+    except KeyboardInterrupt as stop:
+        print(f"\n{printable(_stopped(run_dir, stop))}", file=sys.stderr)
+        return exit_code(stop)
+    return _report(result, run_dir, status, page)
 
 
 NEW_KINDS = ("strategy", "client", "diagnostic", "model")
@@ -338,19 +359,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config))] if config.is_file() else []
     not_imported = import_plugins(runs, args.plugin)
     for path in plot_run(args.run_dir):
-        print(path)
+        print(printable(str(path)))
     for problem in not_imported:
-        print(f"Not drawn: the plots of {problem}", file=sys.stderr)
+        print(printable(f"Not drawn: the plots of {problem}"), file=sys.stderr)
     return EXIT_FAILED if not_imported else EXIT_OK
-
-
-PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedmech_flwr.tools.report import write_report
 
-    print(f"Report: {write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin)}")
+    print(printable(f"Report: {write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin)}"))
     return EXIT_OK
 
 
@@ -363,8 +381,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     columns, rows, not_imported = export_rows(args.paths, args.plugin)
     write_csv(columns, rows, args.out)
     for problem in not_imported:
-        print(f"Exported without its plug-ins' metrics: {problem}", file=sys.stderr)
-    print(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}")
+        print(printable(f"Exported without its plug-ins' metrics: {problem}"), file=sys.stderr)
+    print(printable(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}"))
     return EXIT_OK
 
 
@@ -394,23 +412,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         check_fits(plan.cells, args.parallel)
         check_writable(folder)
-        print(f"OK: {args.sweep}: {len(plan.cells)} cells, each validated; they would run in {folder}")
+        print(printable(f"OK: {args.sweep}: {len(plan.cells)} cells, each validated; they would run in {folder}"))
         for cell in plan.cells:
             print(f"  {cell.name}: {' '.join(cell.overrides)}")
         return EXIT_OK
     try:
-        outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
-                             say=lambda line: print(line, flush=True), verbose=args.verbose)
-    except KeyboardInterrupt:
-        print(f"\nstopped: every run the sweep started is stopped; run the same command again to continue "
-              f"({folder}) | {write_page([folder], folder)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with stopped_by_signals():
+            outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
+                                 say=lambda line: print(printable(line), flush=True), verbose=args.verbose)
+    except KeyboardInterrupt as stop:
+        print("\n" + printable(f"stopped: every run the sweep started is stopped; run the same command again to "
+                               f"continue ({folder}) | {write_page([folder], folder)}"), file=sys.stderr)
+        return exit_code(stop)
     failed = [o for o in outcomes if o.status != "completed"]
-    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder {folder}")
+    print(printable(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder "
+                    f"{folder}"))
     page = write_page([folder], folder)
     for line in _verdict(folder):
-        print(line)
-    print(page)
+        print(printable(line))
+    print(printable(page))
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -451,9 +471,12 @@ HELP = {
         "Validate the experiment, then run it with real `flwr run` on a private, short-lived local SuperLink "
         "with Ray. The console shows a start line, one line per round (the declared headline metrics with "
         "their flags, the ETA) and an end line; Flower's and Ray's whole log goes to the run folder's logs/ "
-        "(-v streams it too). --resume continues a killed or failed run in its own folder.",
+        "(-v streams it too). The run is marked completed only once every output (plots, event files, logs, "
+        "its page) is on disk. --resume continues a killed, stopped or failed run in its own folder; one "
+        "that failed after its last round only gets what is missing.",
         ("0  the run completed", "1  the run failed (the reason, and how to continue it)",
-         "2  bad input, refused before anything starts", "130  interrupted (Ctrl-C): it says how to resume"),
+         "2  bad input, refused before anything starts",
+         "130, 143, 129  interrupted by Ctrl-C, SIGTERM, SIGHUP: status interrupted; it says how to resume"),
         ("fedmech run experiments/smoke.yaml --set federation.num_rounds=3",
          "fedmech run --resume ~/fedmech-runs/smoke-20261205-101500")),
     "deploy-local": Help(
@@ -461,7 +484,8 @@ HELP = {
         "Run the experiment on Flower's Deployment Engine on this machine: a SuperLink and one SuperNode per "
         "client, optionally with TLS and SuperNode authentication, nodes with their own data (--node-data). "
         "The same console lines and run folder as `fedmech run`.",
-        ("0  the run completed", "1  the run failed", "2  bad input, refused before anything starts"),
+        ("0  the run completed", "1  the run failed", "2  bad input, refused before anything starts",
+         "130, 143, 129  interrupted by Ctrl-C, SIGTERM, SIGHUP: it says how to resume"),
         ("fedmech deploy-local experiments/smoke.yaml --tls --auth",
          "fedmech deploy-local experiments/smoke.yaml --node-data my_nodes/")),
     "validate": Help(
@@ -490,7 +514,7 @@ HELP = {
         "`fedmech run` each, in one sweep folder with a progress line per finished cell. Running it again "
         "continues: completed cells are kept, killed ones resumed.",
         ("0  every cell completed", "1  a cell failed (--retry-failed reruns it)", "2  bad input",
-         "130  interrupted: run the same command again to continue"),
+         "130, 143, 129  interrupted by Ctrl-C, SIGTERM, SIGHUP: run the same command again to continue"),
         ("fedmech sweep experiments/smoke_sweep.yaml --seeds 0,1 --out /tmp/sweeps",
          "fedmech sweep experiments/paper/v2_misalignment.yaml --preset cpu --only data.dataset=cifar10")),
     "plot": Help(
@@ -646,15 +670,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so `run` and `deploy-local`
-    # stop the SuperLink, SuperNodes and simulation they started instead of leaving them behind.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("fedmech_flwr.tools.launch").setLevel(logging.INFO)  # what it started, and where
     try:
         parser = build_parser()  # it loads the plug-ins: a broken entry point stops every command
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {printable_lines(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parser.parse_args(argv)
     try:
@@ -663,8 +686,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return EXIT_OK
     except (ConfigError, BadFileError, RunFolderError, FileNotFoundError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {printable_lines(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except StartError as err:  # Flower could not start here (every port tried was taken): the run failed
+        print(f"error: {printable_lines(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as err:  # a full disk, a folder it may not write: one line, never a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(printable(f"error: {where}{err.strerror or err}; free space or fix the folder's permissions, then run "
+                        f"`fedmech {args.command}` again"), file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:  # `run` and `sweep` say how to continue them; other commands just stop
         print(f"\nstopped: fedmech {args.command} was interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -9,7 +9,10 @@ key, no unit, as recorded). Values are
 as a reader reads them (``Metric.display``: percent and percentage points for ``%`` and
 ``pp``); an undefined value (null, NaN, a zero denominator) is an empty cell, never 0; a
 value its metric's validity rule flags carries the flag's text. Every run with records is
-exported whatever its status (the ``status`` column tells them apart).
+exported whatever its status (the ``status`` column tells them apart). Values are numbers
+in the file; a text cell that a spreadsheet would run as a formula (a folder's name, a
+class name from a dataset file: ``=HYPERLINK(...)``) is written with a leading ``'``
+(``safe_text.csv_cell``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_atomic
 from fedmech_flwr.outputs import Metric, declared, latest, per_class_values
 from fedmech_flwr.run_reader import FolderRun, import_plugins, read_inputs
+from fedmech_flwr.safe_text import csv_cell
 
 COLUMNS = ["seed", "status", "round", "record", "metric", "label", "unit", "class", "value", "flag"]
 """The columns after ``run``, ``sweep`` and the sweep's axes."""
@@ -38,10 +42,10 @@ def check_out(path: Path) -> None:
         raise ConfigError(f"--out {path}: {path.parent} is not a folder; make it first, or write the CSV elsewhere")
 
 
-def _number(value: float | None, metric: Metric) -> str:
+def _number(value: float | None, metric: Metric) -> float | str:
     """A value as a reader reads it, to 12 significant digits (no float noise such as
     30.000000000000004); empty when undefined."""
-    return repr(float(f"{metric.display(value):.12g}")) if value is not None and math.isfinite(value) else ""
+    return float(f"{metric.display(value):.12g}") if value is not None and math.isfinite(value) else ""
 
 
 def run_rows(run: FolderRun, head: dict[str, Any], metrics: dict[str, Metric]) -> list[dict[str, Any]]:
@@ -81,10 +85,10 @@ def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[
 
 
 def write_csv(columns: list[str], rows: list[dict[str, Any]], path: Path) -> Path:
-    """Write the table atomically (a reader never sees half a file)."""
+    """Write the table atomically (a reader never sees half a file), no text cell a formula."""
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, columns)
-            writer.writeheader()
-            writer.writerows(rows)
+            writer.writerow({column: csv_cell(column) for column in columns})
+            writer.writerows({key: csv_cell(value) for key, value in row.items()} for row in rows)
     return write_atomic(path, write)

@@ -24,6 +24,8 @@ reaper (``fedmech_flwr.tools.reaper``) kills what it started and removes its pri
 
 from __future__ import annotations
 
+import errno
+import http.client
 import json
 import logging
 import os
@@ -40,12 +42,16 @@ import time
 import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 from fedmech_flwr.config import SimulationConfig
+from fedmech_flwr.data import npz_arrays
+from fedmech_flwr.errors import StartError
 from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive, strip_colours
+from fedmech_flwr.safe_text import printable
+from fedmech_flwr.tools.finish import output_failure
 from fedmech_flwr.tools.reaper import MARKER, kill_launch, start_reaper
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,10 @@ NODES_TIMEOUT_S = 120.0
 RAY_TIMEOUT_S = 120.0
 """How long a run waits for its private Ray head to start."""
 RAY_READY = "Ray runtime started"
+SUPERLINK_PORTS = 5
+"""How many ports a SuperLink is started on before giving up (``start_superlink``)."""
+ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
+"""How the SuperLink's log says that another program holds its port."""
 APP_SUFFIXES = {".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"}
 """What Flower puts in an app bundle (besides a root ``LICENSE``); ``stage_app`` copies these."""
 
@@ -87,6 +97,8 @@ class LaunchResult:
     run_id: int | None
     status: str
     """Flower's run status, e.g. ``finished:completed`` or ``finished:failed``."""
+    logs_error: str | None = None
+    """Why the logs could not be kept in the run folder (``keep_logs``), in one line."""
 
     @property
     def ok(self) -> bool:
@@ -132,9 +144,36 @@ def make_credentials(folder: Path, num_nodes: int) -> Credentials:
 
 
 def _free_port() -> int:
+    """A port free now; released at once, so another program may take it before whoever
+    it is for binds it (``_LocalFlower.start_superlink`` tries again)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _healthy(url: str, context: ssl.SSLContext | None) -> bool:
+    """Whether ``url`` answers 200, as Flower's health check does; no answer, or any other
+    (another server's, HTTP or not: a bad status line, a reset), is False."""
+    try:
+        with urllib.request.urlopen(url, timeout=1, context=context) as resp:
+            return resp.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port``: its open
+    files against the kernel's TCP table (Linux /proc; True where there is none)."""
+    try:
+        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return True
+    local = f"{int.from_bytes(socket.inet_aton('127.0.0.1'), sys.byteorder):08X}:{port:04X}"
+    listening = {f"socket:[{row[9]}]" for row in map(str.split, table) if row[1] == local and row[3] == "0A"}
+    try:
+        return any(os.readlink(fd) in listening for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # a file closed meanwhile: asked again on the next poll
+        return False
 
 
 def _bin(name: str) -> str:
@@ -169,7 +208,7 @@ class Console:
             text = message if level == "INFO" else f"{level.lower()}: {message}"
         else:
             return
-        self.stream.write(text + "\n")
+        self.stream.write(printable(text) + "\n")  # a run name, a plug-in's message: shown, never obeyed
         self.stream.flush()
 
 
@@ -183,8 +222,12 @@ class _LocalFlower:
     left the address that ``auto`` looks up.
     """
 
-    def __init__(self, home: Path, port: int, ca: Path | None = None, ray_address: str | None = None) -> None:
-        self.home, self.port, self.ca = home, port, ca
+    def __init__(self, home: Path, port: int | None, ca: Path | None = None, ray_address: str | None = None) -> None:
+        """``port``: the SuperLink's; None: a free one, chosen again should another program
+        take it first (``start_superlink``)."""
+        self.home, self.ca = home, ca
+        self.port = port or _free_port()
+        self.port_chosen = not port
         self.ray_head: subprocess.Popen | None = None
         self.staged: dict[Path, Path] = {}
         self.running = False
@@ -192,11 +235,6 @@ class _LocalFlower:
         self.closed = False
         self.reaper = start_reaper(home)
         (home / LOGS_DIR).mkdir()
-        tls = f'root-certificates = "{ca}"' if ca else "insecure = true"
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
-        )
         self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(home), "FEDMECH_PROJECT_DIR": str(APP_DIR),
                     MARKER: str(home)}
         if path := os.environ.get("PYTHONPATH"):  # its processes run in `home`: relative entries (plug-ins) resolved
@@ -218,21 +256,25 @@ class _LocalFlower:
         """How far each log has been written: ``keep_logs`` copies what comes after."""
         return {p.name: p.stat().st_size for p in (self.home / LOGS_DIR).glob("*.log")}
 
-    def keep_logs(self, run_dir: Path | None, since: dict[str, int]) -> None:
+    def keep_logs(self, run_dir: Path | None, since: dict[str, int]) -> str | None:
         """Add what the logs gained since ``since`` to the run folder's ``logs/`` (a resumed
         run's to those of its earlier launches), else, when the run made no folder, show
-        how the logs end."""
+        how the logs end. Returns why they could not be kept (a full disk), in one line."""
         if run_dir is None:
-            return
+            return None
         if not run_dir.is_dir():
             log.warning("no run folder at %s; flwr run's log ends with:\n%s\nand the SuperLink's with:\n%s", run_dir,
                         self.tail(RUN_LOG), self.tail("superlink"))
-            return
-        (run_dir / LOGS_DIR).mkdir(exist_ok=True)
-        for source in sorted((self.home / LOGS_DIR).glob("*.log")):
-            with open(source, "rb") as new, open(run_dir / LOGS_DIR / source.name, "ab") as out:
-                new.seek(since.get(source.name, 0))
-                shutil.copyfileobj(new, out)
+            return None
+        try:
+            (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+            for source in sorted((self.home / LOGS_DIR).glob("*.log")):
+                with open(source, "rb") as new, open(run_dir / LOGS_DIR / source.name, "ab") as out:
+                    new.seek(since.get(source.name, 0))
+                    shutil.copyfileobj(new, out)
+        except OSError as err:
+            return output_failure("the logs", err)
+        return None
 
     def stage(self, app: Path) -> Path:
         """A copy of ``app``'s sources for ``flwr run`` (made once per app): the files an
@@ -285,26 +327,49 @@ class _LocalFlower:
         return proc
 
     def start_superlink(self, *flags: str) -> None:
-        proc = self.start("superlink", [
-            "flower-superlink", *flags, "--host", "127.0.0.1", "--port", str(self.port),
-            "--database", str(self.home / "state.db"), "--disable-runtime-dependency-installation",
-        ])
-        self._wait_for_health(proc)
+        """Start the SuperLink, wait until it answers on ``self.port``, and point the
+        ``flwr`` connection (``config.toml``) at it. When another program took a port chosen
+        here (Ray, starting beside, binds ports of its own), the SuperLink starts again on
+        another, up to ``SUPERLINK_PORTS`` ports; a port the user gave is tried once."""
+        tried = []
+        while True:
+            tried.append(self.port)
+            proc = self.start("superlink", [
+                "flower-superlink", *flags, "--host", "127.0.0.1", "--port", str(self.port),
+                "--database", str(self.home / "state.db"), "--disable-runtime-dependency-installation",
+            ])
+            if self._wait_for_health(proc):
+                break
+            self.procs.remove(proc)
+            if not self.port_chosen or len(tried) == SUPERLINK_PORTS:
+                ports = ", ".join(map(str, tried))
+                what = "run the command again" if self.port_chosen else "give another --port, or leave it out"
+                raise StartError(f"flower-superlink could not start: port(s) {ports} taken by another program; {what}")
+            log.info("port %d was taken by another program; starting flower-superlink on another port", self.port)
+            self.port = _free_port()
+        tls = f'root-certificates = "{self.ca}"' if self.ca else "insecure = true"
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\n{tls}\n'
+        )
 
-    def _wait_for_health(self, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    def _wait_for_health(self, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+        """Wait until the SuperLink ``proc`` answers on ``self.port``: True; False when it
+        exited because another program holds the port. Only Flower's answer to ``/health``
+        (200) from a port that ``proc`` holds counts (another Flower there would answer
+        too); any other answer is not ready yet."""
         scheme, context = ("https", ssl.create_default_context(cafile=self.ca)) if self.ca else ("http", None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {self.log_file('superlink')}:\n"
-                                   f"{self.tail('superlink')}")
-            try:
-                with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=1, context=context) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError(f"flower-superlink did not become healthy within {timeout:.0f}s; see {self.log_file('superlink')}")
+                if ADDRESS_IN_USE in self.log_file("superlink").read_text(errors="replace"):
+                    return False
+                raise StartError(f"flower-superlink exited with code {proc.returncode}; see "
+                                 f"{self.log_file('superlink')}:\n{self.tail('superlink')}")
+            if _healthy(f"{scheme}://127.0.0.1:{self.port}/health", context) and _listens(proc.pid, self.port):
+                return True
+            time.sleep(0.3)
+        raise StartError(f"flower-superlink did not become healthy within {timeout:.0f}s; see {self.log_file('superlink')}")
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess:
         """A ``flwr`` command against this SuperLink (it must succeed)."""
@@ -428,7 +493,7 @@ class Simulation:
 
     def __init__(self, stack: ExitStack, ray_address: str | None = None, num_cpus: int | None = None) -> None:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmech-flwr-")))
-        self.flower = _opened(stack, _LocalFlower(home, _free_port(), ray_address=ray_address))
+        self.flower = _opened(stack, _LocalFlower(home, None, ray_address=ray_address))
         self.ray_address = ray_address
         if ray_address:
             log.info("simulation uses the existing Ray cluster at %s", ray_address)
@@ -447,9 +512,10 @@ class Simulation:
                       f"client-resources-num-gpus={sim.gpus_per_client}")
         since = self.flower.log_sizes()
         try:
-            return self.flower.run(run_config, federation, stream, app, verbose)
+            result = self.flower.run(run_config, federation, stream, app, verbose)
         finally:
-            self.flower.keep_logs(_run_dir(run_config), since)
+            logs_error = self.flower.keep_logs(_run_dir(run_config), since)
+        return replace(result, logs_error=logs_error)
 
 
 class WarmSimulations:
@@ -562,13 +628,18 @@ def _gitignore(app: Path) -> Callable[[str], bool]:
 
 def node_data_entries(folder: Path) -> list[Path]:
     """The per-node data in ``folder`` (``--node-data``): its files and folders, sorted,
-    hidden ones left out; each is one node's ``data-path``."""
+    hidden ones left out; each is one node's ``data-path``. Each file's array headers are
+    checked against its size here (``npz_arrays``), before anything starts: a damaged file
+    is a BadFileError naming it, not a node refusing mid-run."""
     if not folder.is_dir():
         raise FileNotFoundError(f"--node-data {folder} is not a folder; give a folder holding one .npz file or "
                                 "image folder per node (scripts/write_node_data.py writes one)")
     entries = sorted(p.resolve() for p in folder.iterdir() if not p.name.startswith("."))
     if not entries:
         raise FileNotFoundError(f"--node-data {folder} is empty; put one .npz file or image folder per node in it")
+    for entry in entries:
+        if entry.is_file():
+            npz_arrays(entry)
     return entries
 
 
@@ -611,8 +682,9 @@ def deploy_local(
         if tls:
             creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
             creds.check(num_nodes, auth)
-        flower = _LocalFlower(home, port or _free_port(), creds.ca if creds else None)
-        stack.callback(flower.keep_logs, _run_dir(run_config), {})  # once all is stopped (callbacks run LIFO)
+        flower = _LocalFlower(home, port, creds.ca if creds else None)
+        kept: list[str | None] = []  # once all is stopped (callbacks run LIFO)
+        stack.callback(lambda: kept.append(flower.keep_logs(_run_dir(run_config), {})))
         _opened(stack, flower)
         if creds:
             cert, key = creds.server
@@ -634,7 +706,8 @@ def deploy_local(
         security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
         own = f"; {len(node_data)} with their own data" if node_data else ""
         log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s%s)", num_nodes, flower.port, security_name, own)
-        return flower.run(run_config, verbose=verbose)
+        result = flower.run(run_config, verbose=verbose)
+    return replace(result, logs_error=kept[0])
 
 
 def _run_dir(run_config: dict[str, str]) -> Path | None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr.config import flatten_plain
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.errors import ConfigError, brief, shape
 from fedmech_flwr.yaml_text import read_yaml_file
 
 RELATIONS = ("=", "≈", "<", ">")
@@ -135,7 +135,7 @@ def _mapping(raw: Any, where: str, required: Iterable[str] | None, optional: Ite
     """``raw`` as a mapping with the ``required`` keys and no others but ``optional``
     (``required`` None: any keys)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"expected a mapping, got {raw!r}", where)
+        raise ConfigError(f"expected a mapping, got {brief(raw)}", where)
     if required is None:
         return raw
     required, allowed = set(required), set(required) | set(optional)
@@ -175,7 +175,10 @@ def _direction(raw: Any, where: str, metrics: Iterable[str]) -> Direction:
 def read_paper_values(path: Path, metrics: Iterable[str]) -> PaperValues:
     """The values file at ``path``; ``metrics`` are the keys a value may name."""
     metrics = list(metrics)
-    raw = _mapping(read_yaml_file(path), str(path), ["paper", "texts", "values"], ["protocols"])
+    raw = read_yaml_file(path)
+    if not isinstance(raw, dict):  # the whole file: none of it quoted
+        raise ConfigError(f"expected a mapping of paper:, texts:, values:, got {shape(raw)}", str(path))
+    raw = _mapping(raw, str(path), ["paper", "texts", "values"], ["protocols"])
     texts = {}
     for key, item in _mapping(raw["texts"], f"{path}: texts", None).items():
         item = _mapping(item, f"{path}: texts.{key}", ["version", "kind"])

@@ -3,7 +3,9 @@
 Read-only: ``fedmech_flwr.run_reader`` reads the folder (the same reader as ``fedmech
 report`` and ``fedmech export``, with its one rule for a writer's liveness); this module
 only words what it read. A writer on another host, as in a folder copied from another
-machine, is named but not checked: this host cannot see its processes.
+machine, is named but not checked: this host cannot see its processes. Each line is
+``safe_text.printable``: a folder's name, a run's error or a metric's key, all read from
+files, cannot move the cursor, retitle the terminal or start a line of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fedmech_flwr.run_reader import (  # noqa: F401 (seconds_per_round: the pace
     read_sweep,
     seconds_per_round,
 )
+from fedmech_flwr.safe_text import printable
 
 
 def _phrase(run: FolderRun) -> str:
@@ -62,7 +65,7 @@ def run_text(path: Path, run: FolderRun) -> str:
         lines.append(f"  continue it: fedmech run --resume {path}")
     elif run.status == "failed":
         lines.append("  a resume would fail the same way: fix the cause, then start a new run")
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
 
 
 def undeclared_text(records: list[dict[str, Any]], last_round: int) -> str:
@@ -101,7 +104,7 @@ def sweep_text(folder: Path, sweep: SweepFolder) -> str:
         retry = "; --retry-failed reruns its failed cells" if sweep.count("failed") else ""
         lines.append(f"  continue it: run the same `fedmech sweep` command again (sweep folder {folder.resolve()}"
                      f"{retry})")
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
 
 
 def sweep_status(folder: str | Path) -> str:

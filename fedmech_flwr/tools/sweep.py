@@ -65,9 +65,10 @@ from fedmech_flwr.run_folder import (
     memory_available_gib,
     read_records,
     read_status,
-    settle_status,
     writer_alive,
 )
+from fedmech_flwr.run_folder import LOCK_FILE as RUN_LOCK_FILE
+from fedmech_flwr.tools.finish import finish_run, interrupt_run
 from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
 from fedmech_flwr.typed import parse_dataclass
 
@@ -453,19 +454,19 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
             run_config = {"resume": str(run_dir)}
         manifest.update(cell.name, status="running", error=None)
         start = time.monotonic()
-        with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream:
+        with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream, \
+                FolderLock(run_dir / RUN_LOCK_FILE, "run the same command again"):
             simulation = warm.get(cell.config.simulation.ray_address)
             result = simulation.run(run_config, cell.config.federation.num_clients, cell.config.simulation,
                                     stream=stream, verbose=verbose)
+            status = (finish_run(run_dir, result.status, result.logs_error, page=False)[0]
+                      if not stopping.is_set() else read_status(run_dir))
         seconds = time.monotonic() - start
-        status = _folder_status(run_dir) or {"status": "missing"}
         if stopping.is_set() and status["status"] != "completed":
             outcome = Outcome(cell, "interrupted", seconds)
         elif result.ok and status["status"] == "completed":
             outcome = Outcome(cell, "completed", seconds)
         else:
-            if status["status"] == "running":
-                status = settle_status(run_dir, result.status)
             reason = status.get("error") or f"Flower run status {result.status}, run folder {status['status']}"
             outcome = Outcome(cell, "failed", seconds, f"{reason} (log: {folder / LOGS_DIR / cell.name}.log)")
         if outcome.status == "failed":
@@ -486,12 +487,15 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
                 outcomes.append(outcome)
                 say(_progress_line(outcome, len(outcomes), len(todo), time.monotonic() - started,
                                    folder / RUNS_DIR / outcome.cell.name))
-    except BaseException:
+    except BaseException as err:
         stopping.set()
         pool.shutdown(wait=False, cancel_futures=True)
         while any(not f.done() for f in futures):  # a cell may start between two calls
             stop_all()
             time.sleep(0.2)
+        if isinstance(err, KeyboardInterrupt):
+            for cell in todo:
+                interrupt_run(folder / RUNS_DIR / cell.name, err)
         raise
     finally:
         pool.shutdown(wait=True)

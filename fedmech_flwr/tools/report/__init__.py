@@ -37,6 +37,7 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.outputs import declarations, metrics_of
 from fedmech_flwr.run_reader import FolderRun, import_plugins, read_inputs
+from fedmech_flwr.safe_text import printable
 from fedmech_flwr.tools.published import read_paper_values
 from fedmech_flwr.tools.report.comparisons import Comparison, compare
 from fedmech_flwr.tools.report.figures import plot_curves, plot_headline, plot_per_class
@@ -66,7 +67,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
         raise ConfigError(f"no runs to report on in {', '.join(map(str, paths))}", "fedmech report")
     not_imported = import_plugins(runs, extra_plugins)
     for problem in not_imported:
-        log.warning("%s; its plug-ins' metrics are left out of the report", problem)
+        log.warning("%s; its plug-ins' metrics are left out of the report", printable(problem))
     groups = make_groups(manifest, runs)
     outputs = declarations([record for run in runs for record in run.records])  # undeclared metrics too
     metrics = metrics_of(outputs)

@@ -1,5 +1,7 @@
 """The page as a document: sections of paragraphs, bullet lists, tables and images,
-rendered as one self-contained HTML page and as Markdown."""
+rendered as one self-contained HTML page and as Markdown. Text from runs and values files
+is text in both: escaped for HTML or Markdown, control characters as visible escapes
+(``safe_text.printable``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from fedmech_flwr.safe_text import printable
 
 
 @dataclass
@@ -39,8 +43,14 @@ figure { margin: 1em 0; } img { max-width: 100%; } figcaption { color: #555; fon
 """
 
 
+def html_text(text: str) -> str:
+    """``text`` as literal HTML: its control characters as visible escapes, HTML's
+    special characters as entities."""
+    return html.escape(printable(text))
+
+
 def to_html(title: str, sections: list[Section]) -> str:
-    e = html.escape
+    e = html_text
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e(title)}</title>",
            '<link rel="icon" href="data:,">', f"<style>{CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
     for section in sections:
@@ -67,10 +77,10 @@ MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
 
 
 def markdown_text(text: str) -> str:
-    """``text`` as literal Markdown on one line: HTML's special characters as entities and
-    Markdown's escaped, so text from runs and values files cannot become HTML, a link or
-    a table cell of its own."""
-    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(" ".join(text.split()), quote=False))
+    """``text`` as literal Markdown on one line: HTML's special characters as entities,
+    Markdown's escaped and control characters as visible escapes, so text from runs and
+    values files cannot become HTML, a link or a table cell of its own."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(printable(" ".join(text.split())), quote=False))
 
 
 def to_markdown(title: str, sections: list[Section], out_dir: Path) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, Outputs, declarations, declared, metrics_of
+from fedmech_flwr.plotting import skipped_plots
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.render import Image, Section, Table
@@ -301,6 +302,11 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
         sections.append(Section("Plug-ins that could not be imported", [
             "These runs list plug-ins under `plugins:` that this Python environment cannot import, so the metrics "
             "those plug-ins declare are left out below: install them, or pass `--plugin MODULE`.", not_imported]))
+    if not_drawn := [f"{r.name}: the plots of diagnostic {s['diagnostic']}, {s['reason']} (in {s['where']})"
+                     for r in runs for s in skipped_plots(r.path)]:
+        sections.append(Section("Plots not drawn", [
+            "A plug-in's plot that failed, or wrote a file no reader can open, was skipped; the run's other "
+            "outputs are whole. Fix the plug-in, then redraw with `fedmech plot RUN_DIR`.", not_drawn]))
     if headline or verdict_lines:
         sections.append(Section("Preserved or misaligned: the headline",
                                 [*(Image(p, c) for p, c in headline), *verdict_lines[:1], *([verdict_lines[1:]] if verdict_lines else [])]))
