@@ -1,5 +1,5 @@
 # The two commands of the README, and their parts.
-.PHONY: setup demo test test-fast bench docs docs-serve
+.PHONY: setup demo test test-fast bench mutation docs docs-serve
 
 setup:
 	bash scripts/setup.sh
@@ -21,6 +21,16 @@ test-fast:
 
 bench:
 	.venv/bin/python benchmarks/throughput.py
+
+# The mutation run of the FL methods' update rules (docs/results/mutation.md), in a copy of
+# the tree laid out as a wheel installs it (clients/ and strategies/ under fedmech_flwr/builtin/),
+# so that mutmut's module names are those the tests import; `mutmut results` there lists survivors.
+mutation:
+	.venv/bin/pip install -q -e '.[dev]'
+	rm -rf build/mutation && mkdir -p build/mutation/fedmech_flwr/builtin
+	cp -r fedmech_flwr tests experiments pyproject.toml build/mutation/
+	cp -r clients strategies diagnostics build/mutation/fedmech_flwr/builtin/
+	cd build/mutation && nice -n 19 ../../.venv/bin/mutmut run --max-children 1
 
 # The documentation site: regenerate the reference pages from the code, then build it into
 # site/ (open site/index.html); --strict fails on a broken link or anchor.

@@ -11,9 +11,10 @@ folder's files were written:
     simulate   the simulation process starts                 up to its pull-task-input request
     serverapp  ServerApp imports, data, run folder           up to config.yaml written
     rounds     the rounds (the first waits for the actors)   up to model_final.safetensors written
-    finish     plots, status                                 up to status.json written
+    finish     plots, event files, the status handed over    up to the last of plots/ and tensorboard/ written
     teardown   Flower's simulation stops, leaves Ray         up to its push-task-output request
     status     the run's end streamed, its status asked      up to the list-runs request
+    page       logs kept, the run's page, then "completed"   up to status.json written
     exit       everything stopped, the process ends          up to the process's exit
 
     python benchmarks/startup.py [--repeats 3] [--cells 4] [--warm-up 1]
@@ -45,9 +46,10 @@ SWEEP = ["sweep", "experiments/smoke_sweep.yaml", "--preset", "quick", "--only",
 STRATEGY_S = re.compile(r"Strategy execution finished in ([0-9.]+)s")
 REQUEST = re.compile(r"^(\S+Z) INFO \[uvicorn\.access\] .*\"POST /v1/\w+/([\w-]+) HTTP")
 PHASES = [("start", "start-run"), ("simulate", "pull-task-input"), ("serverapp", "config.yaml"),
-          ("rounds", "model_final.safetensors"), ("finish", "status.json"), ("teardown", "push-task-output"),
-          ("status", "list-runs")]
-"""Each phase ends at a SuperLink request (its first) or when a run-folder file was written."""
+          ("rounds", "model_final.safetensors"), ("finish", "plots/ tensorboard/"), ("teardown", "push-task-output"),
+          ("status", "list-runs"), ("page", "status.json")]
+"""Each phase ends at a SuperLink request (its first), when a run-folder file was written, or
+when the last file of the folders named was."""
 
 
 def run_command(cmd: list[str]) -> tuple[float, float]:
@@ -68,7 +70,10 @@ def phases(run: Path, started: float, wall: float) -> dict[str, float]:
             requests.setdefault(m.group(2), at.timestamp())
     out, before = {}, 0.0
     for name, mark in PHASES:
-        at = (run / mark).stat().st_mtime if "." in mark else requests.get(mark)
+        if mark.endswith("/"):
+            at = max(p.stat().st_mtime for folder in mark.split() for p in (run / folder).iterdir())
+        else:
+            at = (run / mark).stat().st_mtime if "." in mark else requests.get(mark)
         if at is None:
             sys.exit(f"no {mark} request in {run}/logs/superlink.log: the log changed; update PHASES")
         out[name], before = at - started - before, at - started

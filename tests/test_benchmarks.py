@@ -63,11 +63,11 @@ def test_circuits_agreement(capsys):
 @pytest.mark.integration
 def test_startup(capsys):
     """One lone run and a 2-cell sweep: every phase is found in the logs and is not
-    negative, and the eight add up to the wall time (each printed to 0.1 s)."""
+    negative, and the nine add up to the wall time (each printed to 0.1 s)."""
     load("startup").main(["--repeats", "1", "--cells", "2", "--warm-up", "0"])
     out = capsys.readouterr().out
-    lone = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[1:12]}
-    names = ["start", "simulate", "serverapp", "rounds", "finish", "teardown", "status", "exit"]
+    lone = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[1:13]}
+    names = ["start", "simulate", "serverapp", "rounds", "finish", "teardown", "status", "page", "exit"]
     assert list(lone) == ["wall", "strategy", "fixed", *names]
     assert sum(lone[k] for k in names) == pytest.approx(lone["wall"], abs=0.45) and min(lone[k] for k in names) >= 0
     assert 0 < lone["strategy"] < lone["wall"]

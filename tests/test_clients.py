@@ -1,5 +1,6 @@
 """Client plug-ins: the proximal term, FedLC's calibrated loss and FedBABU's frozen head
-against closed forms, and the strategy's train config reaching the client in a run."""
+against closed forms, FedProx's and FedBABU's server sides against hand-computed
+aggregates, and the strategy's train config reaching the client in a run."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import ConfigRecord
+from flwr.clientapp import ClientApp
 
-from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process, train_replies
+from fedmech_flwr.arrays import from_record, model_arrays, to_record
 from fedmech_flwr.builtin.clients.fedbabu import FedBABUClient
 from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
 from fedmech_flwr.builtin.clients.proximal import ProximalClient
+from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
+from fedmech_flwr.builtin.strategies.fedbabu import FedBABU
+from fedmech_flwr.builtin.strategies.fedprox import FedProxConfig
 from fedmech_flwr.client import ClientData
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.training import TrainConfig
 
 
@@ -43,7 +51,8 @@ def test_proximal_loss_is_cross_entropy_plus_half_mu_squared_distance():
 
 def test_proximal_client_without_mu_says_which_strategy_to_use():
     client = make_client(ProximalClient)
-    with pytest.raises(RuntimeError, match="use strategy fedprox"):
+    with pytest.raises(RuntimeError, match="^the proximal client needs 'proximal-mu' in the train config; "
+                                           "use strategy fedprox$"):
         client.fit(client.get_parameters({}), {"server-round": 1})
 
 
@@ -79,8 +88,42 @@ def test_fedbabu_client_trains_the_body_only():
 
 def test_fedbabu_client_refuses_a_pruned_head():
     client = make_client(FedBABUClient, pruning=PruningConfig(mode="magnitude", include_head=True))
-    with pytest.raises(RuntimeError, match="pruning.include_head=false"):
+    with pytest.raises(RuntimeError, match="^FedBABU keeps the head at its initialisation; "
+                                           "set pruning.include_head=false$"):
         client.fit(client.get_parameters({}), {"server-round": 1})
+
+
+def offers_every_node(strategy) -> bool:
+    """The factory passed the run's sampling on (``OFFERED_NODES_ONLY``)."""
+    return (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,
+            strategy.min_available_nodes) == (1.0, 0.0, 1, 1)
+
+
+def test_fedprox_server_sends_mu_and_averages_as_fedavg():
+    """mu = 0.3 in every train config; uniform mean of (2, 2) and (0, 4): (1, 3)."""
+    strategy = STRATEGIES.get("fedprox").factory(FedProxConfig(proximal_mu=0.3, weighting="uniform"), None)
+    assert offers_every_node(strategy)
+    sent = strategy.configure_train(1, to_record({"w": np.array([1.0, 2.0], np.float32)}), ConfigRecord(),
+                                    InProcessGrid(ClientApp(), 2))
+    assert [m.content["config"]["proximal-mu"] for m in sent] == [0.3, 0.3]
+    replies = train_replies([{"w": np.array([2.0, 2.0], np.float32)}, {"w": np.array([0.0, 4.0], np.float32)}],
+                            [10, 30])
+    np.testing.assert_allclose(from_record(strategy.aggregate_train(1, replies)[0])["w"], [1.0, 3.0])
+
+
+def test_fedbabu_server_averages_the_body_and_keeps_the_initial_head():
+    """Replies of every array + 1 and + 3: the uniform mean is the initial body + 2, and the
+    head the initial one exactly, whatever the replies' heads."""
+    model = make_client(FedBABUClient).model
+    initial = model_arrays(model)
+    strategy = STRATEGIES.get("fedbabu").factory(FedAvgConfig(weighting="uniform"),
+                                                 StrategyContext(4, 2, 0, 60.0, initial, lambda arrays: model, None, 2))
+    assert isinstance(strategy, FedBABU) and offers_every_node(strategy)
+    replies = train_replies([{k: v + 1 for k, v in initial.items()}, {k: v + 3 for k, v in initial.items()}], [10, 30])
+    got = from_record(strategy.aggregate_train(1, replies)[0])
+    for name, value in initial.items():
+        expected = value if name in model.head_parameter_names() else value + 2
+        np.testing.assert_allclose(got[name], expected, rtol=1e-6, err_msg=name)
 
 
 def test_fedprox_mu_reaches_the_client_through_flower_messages(make_cfg, tmp_path):

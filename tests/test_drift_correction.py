@@ -12,11 +12,12 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from flwr.app import ConfigRecord, Message
 
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import train_replies
-from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, pack, to_record
+from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, model_arrays, pack, to_record
 from fedmech_flwr.builtin.clients.feddyn import ALPHA, FedDynClient
 from fedmech_flwr.builtin.clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
 from fedmech_flwr.builtin.clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
@@ -28,7 +29,7 @@ from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY
+from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
@@ -89,12 +90,50 @@ def test_scaffold_client_takes_corrected_steps_and_updates_its_control_variate(m
     for name in c:
         np.testing.assert_allclose(client.state[name], c_plus, rtol=1e-5)
         np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], c_plus + 0.3, rtol=1e-5)
-        assert client.state[name].dtype == np.float32
+        assert client.state[name].dtype == client.upload[DELTA_CONTROL][name].dtype == np.float32
+
+
+def test_scaffold_client_starts_from_a_zero_control_variate():
+    """No state (the client's first round): c_i = 0, so each step moves by 0.1 (w + 0.2):
+    w1 = 1 - 0.12 = 0.88, w2 = 0.88 - 0.108 = 0.772; c_i+ = -0.2 + (1 - 0.772) / (2 * 0.1) =
+    0.94, the mean of the local gradients at w0, w1: (1 + 0.88) / 2; delta_c_i = c_i+."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=1.0, epochs=1, batch_size=12)
+    client = make_client(BareScaffold, train, received={CONTROL: filled(make_client(BareScaffold, train), 0.2)})
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1})
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 0.772, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.state[name], 0.94, rtol=1e-5)
+        np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], 0.94, rtol=1e-5)
+
+
+def anchored_losses(client, step: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """On random logits: the cross-entropy, the client's loss with its weights at its anchor
+    (the model it was sent), the loss once every weight moved by ``step``, and the number
+    of weights."""
+    params = dict(client.model.named_parameters())
+    client.anchor = {name: p.detach().clone() for name, p in params.items()}
+    logits, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 0])
+    at_anchor = client.loss(logits, y)
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(step)
+    return F.cross_entropy(logits, y), at_anchor, client.loss(logits, y), sum(p.numel() for p in params.values())
+
+
+def test_scaffold_loss_is_cross_entropy_plus_the_correction_term():
+    """<y - x, c - c_i>: 0 at y = x (the recorded loss starts at the cross-entropy); with every
+    weight 0.1 from x and c - c_i = 0.5, 0.05 per weight."""
+    client = make_client(ScaffoldClient, TrainConfig(optimizer="sgd"))
+    client.correction = {name: torch.full_like(p, 0.5) for name, p in client.model.named_parameters()}
+    ce, at_anchor, moved, count = anchored_losses(client, 0.1)
+    torch.testing.assert_close(at_anchor, ce)
+    torch.testing.assert_close(moved, ce + 0.05 * count, rtol=1e-4, atol=1e-5)
 
 
 def test_scaffold_client_without_the_control_variate_says_which_strategy_to_use():
     client = make_client(ScaffoldClient, TrainConfig(optimizer="sgd"))
-    with pytest.raises(RuntimeError, match="use strategy scaffold"):
+    with pytest.raises(RuntimeError, match="'scaffold-c' in the train message; use strategy scaffold$"):
         client.fit(client.get_parameters({}), {"server-round": 1})
 
 
@@ -112,6 +151,30 @@ def test_feddyn_client_minimises_the_dynamic_objective_and_updates_h():
         np.testing.assert_allclose(client.state[name], 0.45125, rtol=1e-5)
     with pytest.raises(RuntimeError, match="use strategy feddyn"):
         make_client(FedDynClient, train).fit(list(start.values()), {"server-round": 1})
+
+
+def test_feddyn_client_starts_from_h_zero():
+    """No state (the client's first round): h_k = 0. theta0 = 1, alpha = 0.1, lr = 0.5 and
+    weight decay 1, so the gradient is theta + 0.1 (theta - theta0): theta1 = 1 - 0.5 = 0.5;
+    theta2 = 0.5 - 0.5 (0.5 - 0.05) = 0.275; h_k <- 0 - 0.1 (0.275 - 1) = 0.0725."""
+    client = make_client(BareFedDyn, TrainConfig(optimizer="sgd", lr=0.5, momentum=0.0, weight_decay=1.0, epochs=1,
+                                                 batch_size=12))
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1, ALPHA: 0.1})
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 0.275, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.state[name], 0.0725, rtol=1e-5)
+
+
+def test_feddyn_loss_is_cross_entropy_minus_the_linear_plus_the_quadratic_term():
+    """-<h_k, theta - theta^{t-1}> + (alpha / 2) ||theta - theta^{t-1}||^2: 0 at theta^{t-1};
+    with h_k = 0.5, alpha = 0.1 and every weight 0.2 away, -0.1 + 0.002 = -0.098 per weight."""
+    client = make_client(FedDynClient, TrainConfig(optimizer="sgd", momentum=0.0))
+    client.alpha = 0.1
+    client.h = {name: torch.full_like(p, 0.5) for name, p in client.model.named_parameters()}
+    ce, at_anchor, moved, count = anchored_losses(client, 0.2)
+    torch.testing.assert_close(at_anchor, ce)
+    torch.testing.assert_close(moved, ce - 0.098 * count, rtol=1e-4, atol=1e-4)
 
 
 def test_fednova_a_norm_of_momentum_sgd():
@@ -189,6 +252,7 @@ def test_scaffold_server_steps_the_model_and_updates_c(weighting, w, buffer):
     np.testing.assert_allclose(got["w"], w, rtol=1e-6)
     np.testing.assert_allclose(got["bn.running_mean"], [buffer], rtol=1e-6)  # the weighted mean, no server step
     np.testing.assert_allclose(strategy.state_arrays()["w"], [0.4, -0.3], rtol=1e-6)
+    assert got["w"].dtype == strategy.state_arrays()["w"].dtype == np.float32  # the model's, and c's
     assert metrics["scaffold-control-norm"] == pytest.approx(0.5)
     resumed = Scaffold({"w": np.zeros(2, np.float32)}, N, **OFFERED_NODES_ONLY)
     resumed.load_state_arrays(strategy.state_arrays())
@@ -229,13 +293,15 @@ def test_feddyn_server_updates_h_and_corrects_the_mean():
     np.testing.assert_allclose(got["w"], [0.0, 5.5], atol=1e-6)
     np.testing.assert_allclose(got["bn.running_mean"], [2.0])
     np.testing.assert_allclose(strategy.state_arrays()["h/w"], [0.1, -0.25], rtol=1e-6)
+    assert got["w"].dtype == strategy.h["w"].dtype == np.float32  # the model's, and h's
     assert metrics["feddyn-h-norm"] == pytest.approx(math.sqrt(0.1**2 + 0.25**2), rel=1e-6)
     # what the authors report, and the run evaluates: the plain mean, not theta
     reported = strategy.reported(got)
     np.testing.assert_allclose(reported["w"], [1.0, 3.0], rtol=1e-6)
     np.testing.assert_allclose(reported["bn.running_mean"], [2.0])
     resumed = FedDyn({"w": np.zeros(2, np.float32)}, alpha=0.1, num_clients=N, **OFFERED_NODES_ONLY)
-    assert resumed.reported(X) is X  # before any aggregation: the model sent
+    assert resumed.reported(X) is X  # before any aggregation: the model sent, and a state of h only
+    assert list(resumed.state_arrays()) == ["h/w"]
     resumed.load_state_arrays(strategy.state_arrays())
     np.testing.assert_array_equal(resumed.reported(got)["w"], reported["w"])
     np.testing.assert_array_equal(resumed.h["w"], strategy.h["w"])
@@ -252,11 +318,27 @@ def test_fednova_normalises_the_updates_by_the_clients_steps():
     arrays, metrics = strategy.aggregate_train(1, replies(metrics=[{A_NORM: 1.0}, {A_NORM: 4.0}]))
     got = from_record(arrays)
     np.testing.assert_allclose(got["w"], [1.203125, 3.21875], rtol=1e-6)
+    assert got["w"].dtype == np.float32
     np.testing.assert_allclose(got["bn.running_mean"], [2.5])  # the examples-weighted mean
     assert metrics["fednova-tau-eff"] == pytest.approx(3.25)
     # equal steps: FedAvg's aggregate
     equal = from_record(strategy.aggregate_train(1, replies(metrics=[{A_NORM: 3.0}, {A_NORM: 3.0}]))[0])
     np.testing.assert_allclose(equal["w"], [0.5, 3.5], rtol=1e-6)
+    with pytest.raises(RuntimeError, match="^a client reported no 'fednova-a-norm': fednova needs the fednova client$"):
+        strategy.aggregate_train(1, replies())
+
+
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova"])
+def test_registered_factory_trains_every_offered_node_with_the_weighting_asked(name):
+    """The factories pass the run's sampling and ``weighting`` on (FedDyn is uniform, its paper's mean)."""
+    model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
+    ctx = StrategyContext(4, 2, 0, 60.0, model_arrays(model), lambda arrays: model, None, N)
+    entry = STRATEGIES.get(name)
+    params = entry.config_cls() if name == "feddyn" else entry.config_cls(weighting="uniform")
+    strategy = entry.factory(params, ctx)
+    assert strategy.weighting == "uniform"
+    assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,
+            strategy.min_available_nodes) == (1.0, 0.0, 1, 1)
 
 
 @pytest.mark.parametrize("method", ["scaffold", "fednova"])
@@ -288,9 +370,10 @@ def test_a_dropped_reply_leaves_no_state_on_its_node(tmp_path, method, server_st
     assert [r["clients_succeeded"] for r in read_records(run, "eval")] == [[], [0, 2], [0, 1, 2]]
     state = load_arrays(run / STATE_FILE)
     names = [k.removeprefix(server_state) for k in state if k.startswith(server_state)]
-    assert names and all(f"clients/{pid}/{name}" in state for pid in range(3) for name in names)
+    assert names and all(f"clients/{partition_id}/{name}" in state
+                         for partition_id in range(3) for name in names)
     for name in names:
-        mean = sum(state[f"clients/{pid}/{name}"].astype(np.float64) for pid in range(3)) / 3
+        mean = sum(state[f"clients/{partition_id}/{name}"].astype(np.float64) for partition_id in range(3)) / 3
         np.testing.assert_allclose(state[server_state + name], mean, rtol=1e-4, atol=1e-7, err_msg=name)
 
 def test_feddyn_run_evaluates_the_plain_mean_and_records_the_sent_model(tmp_path):
@@ -335,8 +418,10 @@ def test_scaffold_and_feddyn_refuse_pruning_with_the_reason():
 def test_feddyn_refuses_all_but_plain_sgd_with_the_reason(optimizer):
     """The leaderboard's SGD with momentum 0.9 diverged (every client non-finite at round 9
     of 15); the paper and its authors' code take plain SGD steps."""
-    with pytest.raises(ConfigError, match=r"feddyn takes plain SGD steps.*non-finite weights by round 9.*; "
-                                          r"set train.optimizer=sgd and train.momentum=0"):
+    with pytest.raises(ConfigError, match=r"^feddyn takes plain SGD steps, .*every client returned non-finite "
+                                          r"weights by round 9 of 15 on Fashion-MNIST, Dirichlet 0.05\), but "
+                                          r"train.optimizer is \w+ with train.momentum [\d.]+; set train.optimizer=sgd "
+                                          r"and train.momentum=0 in .*smoke.yaml: strategy$"):
         smoke_config([*DENSE_SGD, optimizer, "strategy={name: feddyn}", "client={name: feddyn}"])
 
 

@@ -22,7 +22,7 @@ from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, to_record
 from fedmech_flwr.builtin.clients.fedrod import FedRoDClient, FedRoDConfig
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.builtin.strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
-from fedmech_flwr.client import ClientData
+from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
@@ -36,9 +36,10 @@ LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: class counts n = (12, 8, 4, 0); class 3 is absent."""
 
 
-def fedrod_client(state: NamedArrays | None = None, lr: float = 0.01, epochs: int = 1) -> FedRoDClient:
+def fedrod_client(state: NamedArrays | None = None, lr: float = 0.01, epochs: int = 1,
+                  labels: tuple[int, ...] = LABELS * 4) -> FedRoDClient:
     torch.manual_seed(0)
-    y = torch.tensor(LABELS * 4)
+    y = torch.tensor(labels)
     data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
     model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
     return FedRoDClient(FedRoDConfig(min_count=1e-8), model=model, data=data,
@@ -125,6 +126,26 @@ def test_personal_accuracy_scores_the_generic_plus_personal_prediction():
     _, _, metrics = client.fit([a.copy() for a in client.get_parameters({})], {"server-round": 1})
     assert metrics["fedrod-personal-accuracy"] == pytest.approx(expected)
     assert client.personal_seen == len(client.data.y)  # the last epoch's samples, once each
+
+
+def test_personal_accuracy_of_a_one_sample_client_is_its_one_prediction():
+    """One sample, predicted right (its label is the untrained model's prediction): 1."""
+    probe = fedrod_client(labels=(0,))
+    with torch.no_grad():
+        label = int(probe.model(probe.data.x).argmax())
+    client = fedrod_client(lr=1e-12, labels=(label,))
+    _, _, metrics = client.fit([a.copy() for a in client.get_parameters({})], {"server-round": 1})
+    assert metrics["fedrod-personal-accuracy"] == 1.0
+
+
+def test_fedrod_trains_on_the_rounds_seeded_subset():
+    """With ``max_samples_per_round``: the plain client's subset, drawn by the round's
+    (seeded) generator, and its size, which starts each epoch of the personal accuracy."""
+    client = fedrod_client()
+    client.train_cfg.max_samples_per_round = 10
+    x, y = client.round_data(torch.Generator().manual_seed(1))
+    plain_x, plain_y = FedMechClient.round_data(client, torch.Generator().manual_seed(1))
+    assert torch.equal(x, plain_x) and torch.equal(y, plain_y) and client.round_size == 10
 
 
 # --- Flower's server optimisers ----------------------------------------------------------
@@ -246,7 +267,8 @@ def test_fedadagrad_steps_are_reddi_et_al_algorithm_2_with_adagrads_sum():
 
 
 SERVER_OPTIMISERS = [("fedadam", FedAdamConfig()), ("fedyogi", FedYogiConfig()), ("fedadagrad", FedAdagradConfig()),
-                     ("fedavgm", FedAvgMConfig(server_momentum=0.9))]
+                     ("fedavgm", FedAvgMConfig(server_learning_rate=0.5, server_momentum=0.9))]
+"""FedAvgM at eta 0.5: at eta 1, x_{t+1} = mean - beta v_{t-1}, whatever x_t it steps from."""
 
 
 @pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
@@ -273,6 +295,7 @@ def test_a_server_optimiser_over_pruned_clients_keeps_fedavgs_zeros(name, params
         for key in ("m_t/w", "v_t/w", "momentum_vector/w"):
             if key in state:
                 assert not state[key][fedavg["w"] == 0].any(), key
+    assert not np.allclose(x["w"], fedavg["w"])  # the coordinates some client kept were stepped
 
 
 @pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
@@ -297,18 +320,39 @@ def test_a_strategy_rebuilt_from_its_state_takes_the_same_next_step(name, params
     after_one, _ = step(original, CLIENTS)
     saved = {k: v.copy() for k, v in original.state_arrays().items()}
     assert saved and all(isinstance(v, np.ndarray) for v in saved.values())
-    send(original, after_one, 2)
+    # round 2 sends a model other than the aggregate, as pruning.server_reprune does: FedAvgM steps from its own
+    sent = {**after_one, "w": after_one["w"] * np.array([1, 0], np.float32)}
+    send(original, sent, 2)
     expected, _ = step(original, again, 2)
 
     resumed = factory(params, _ctx())
     resumed.load_state_arrays(dict(sorted(saved.items())))  # as the state file gives them back: in name order
-    send(resumed, after_one, 2)
+    send(resumed, sent, 2)
     got, _ = step(resumed, again, 2)
     for k in expected:
         np.testing.assert_array_equal(got[k], expected[k])
     fresh = factory(params, _ctx())  # without the state the step differs: the test can fail
-    send(fresh, after_one, 2)
+    fresh.load_state_arrays({})  # an empty state is no state
+    send(fresh, sent, 2)
     assert not np.array_equal(step(fresh, again, 2)[0]["w"], expected["w"])
+
+
+@pytest.mark.parametrize(("name", "params"), SERVER_OPTIMISERS)
+def test_a_checkpoint_before_the_first_step_gives_the_uninterrupted_step(name, params):
+    """A checkpoint of a round whose replies all failed holds no moments (FedAvgM: its x_t
+    only; the others nothing, as an empty state): the resumed first step is the uninterrupted one's."""
+    factory = STRATEGIES.get(name).factory
+    original = factory(params, _ctx())
+    send(original, MODEL)
+    saved = original.state_arrays()
+    expected, _ = step(original, CLIENTS)
+    for state in (saved, {}):
+        resumed = factory(params, _ctx())
+        resumed.load_state_arrays(state)
+        send(resumed, MODEL)
+        got, _ = step(resumed, CLIENTS)
+        for k in expected:
+            np.testing.assert_array_equal(got[k], expected[k])
 
 
 @pytest.mark.parametrize(("name", "flower"), [
@@ -369,7 +413,8 @@ def test_smoke_run_records_the_declared_metrics(tmp_path, strategy, client):
     state = load_arrays(run / STATE_FILE)
     held = sorted(k for k in state if k.startswith("clients/"))
     if client == "fedrod":  # each client's P-head stays in its state, never in the model
-        assert held == [f"clients/{pid}/personal-head.{p}" for pid in range(3) for p in ("bias", "weight")]
+        assert held == [f"clients/{partition_id}/personal-head.{p}"
+                        for partition_id in range(3) for p in ("bias", "weight")]
         assert not any("personal" in k for k in final)
     else:
         assert held == []

@@ -28,6 +28,7 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.seeds import numpy_rng
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
 from fedmech_flwr.training import TrainConfig
 
@@ -39,11 +40,12 @@ def tiny_model():
     return build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
 
 
-def make_client(cls, params, state: NamedArrays | None = None):
+def make_client(cls, params, state: NamedArrays | None = None, labels: tuple[int, ...] = LABELS * 4,
+                train: TrainConfig | None = None):
     torch.manual_seed(0)
-    y = torch.tensor(LABELS * 4)
+    y = torch.tensor(labels)
     data = ClientData(torch.randn(len(y), 1, 8, 8), y, num_classes=4)
-    return cls(params, model=tiny_model(), data=data, train=TrainConfig(epochs=1, batch_size=8, lr=0.01),
+    return cls(params, model=tiny_model(), data=data, train=train or TrainConfig(epochs=1, batch_size=8, lr=0.01),
                pruning=PruningConfig(mode="dense"), seed=0, partition_id=0, state=state)
 
 
@@ -78,6 +80,10 @@ def test_moon_first_round_is_cross_entropy_and_keeps_its_weights_as_state():
     for key, w in zip(client.state, weights):
         assert client.state[key].tobytes() == w.tobytes()
     assert not np.array_equal(client.state["conv1.weight"], start[0])  # it trained
+    kept = {k: v.copy() for k, v in client.state.items()}
+    client.set_parameters(start)  # the model moves on (the weights fit returned are its own memory) ...
+    for key, w in kept.items():  # ... and the state stays what it returned
+        assert client.state[key].tobytes() == w.tobytes()
 
 
 def test_moon_contrasts_with_the_global_and_the_previous_model():
@@ -87,6 +93,7 @@ def test_moon_contrasts_with_the_global_and_the_previous_model():
     # previous model = global model: both similarities equal, l_con = -log(1/2) whatever the features
     same = make_client(MoonClient, MoonConfig(mu=2.0), state=dict(zip(tiny_model().state_dict(), global_params)))
     same.set_parameters(global_params)
+    assert not any(p.requires_grad for m in (same.global_model, same.previous) for p in m.parameters())  # frozen
     loss, logits = same.objective(x, y)
     torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 2.0 * math.log(2))
 
@@ -121,6 +128,15 @@ def test_moon_contrasts_with_the_frozen_global_model_after_the_live_one_moved():
     torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 2.0 * l_con, rtol=1e-5, atol=1e-6)
     live = model_contrastive_loss(z, z, client.previous.forward_features(x), 0.5)
     assert abs(l_con - live) > 1e-3  # the test can tell the two apart
+
+
+def test_moon_reports_the_round_mean_of_the_contrastive_loss():
+    """Previous model = global model: sim(z, z_glob) = sim(z, z_prev) on every batch however
+    the model trains, so each batch's l_con is log 2, and so is the mean over the round."""
+    global_params = params_of(make_client(MoonClient, MoonConfig()))
+    client = make_client(MoonClient, MoonConfig(), state=dict(zip(tiny_model().state_dict(), global_params)))
+    _, _, metrics = client.fit(global_params, {"server-round": 2})
+    assert metrics["moon-contrastive-loss"] == pytest.approx(math.log(2), rel=1e-5)
 
 
 def test_moon_says_whether_it_applied_the_term():
@@ -159,6 +175,8 @@ def test_fedrs_client_restricts_the_classes_it_does_not_hold():
     torch.testing.assert_close(logits, client.model(x))  # the model's own prediction, for train accuracy
     plain = make_client(FedRSClient, FedRSConfig(alpha=1.0))
     torch.testing.assert_close(plain.objective(x, y)[0], F.cross_entropy(plain.model(x), y))
+    one = make_client(FedRSClient, FedRSConfig(alpha=0.25), labels=(0, 0, 2))
+    torch.testing.assert_close(one.scale, torch.tensor([1.0, 0.25, 1.0, 0.25]))  # one sample of class 2 holds it
 
 
 def test_fedrs_client_holding_every_class_trains_bitwise_as_the_plain_client(monkeypatch):
@@ -217,6 +235,17 @@ def test_feddecorr_client_adds_beta_times_the_term_and_reports_it():
     assert 1 / client.model.feature_dim <= metrics["feddecorr-loss"] <= 1
 
 
+def test_feddecorr_reports_the_round_mean_of_the_term():
+    """Two epochs of one batch (the whole shard) at a learning rate that moves nothing: each
+    batch's L_decorr is that of the shard's features (whatever their order), and so is the mean."""
+    train = TrainConfig(optimizer="sgd", lr=1e-12, momentum=0.0, epochs=2, batch_size=24)
+    client = make_client(FedDecorrClient, FedDecorrConfig(), train=train)
+    with torch.no_grad():
+        expected = decorrelation_loss(client.model.forward_features(client.data.x)).item()
+    _, _, metrics = client.fit(params_of(client), {"server-round": 1})
+    assert metrics["feddecorr-loss"] == pytest.approx(expected, rel=1e-5)
+
+
 # --- FedETF -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("classes", "dim"), [(2, 2), (4, 10), (10, 64)])
@@ -227,7 +256,9 @@ def test_simplex_etf_geometry(classes, dim):
     cosines = w @ w.T
     np.testing.assert_allclose(cosines[~np.eye(classes, dtype=bool)], -1 / (classes - 1), atol=1e-12)
     np.testing.assert_allclose(w.sum(axis=0), 0.0, atol=1e-12)
-    np.testing.assert_array_equal(simplex_etf(classes, dim, seed=3), w)  # seeded
+    np.testing.assert_array_equal(simplex_etf(classes, dim, seed=3), w)  # seeded, from the seed's etf stream:
+    u, _ = np.linalg.qr(numpy_rng(3, "etf").standard_normal((dim, classes)))
+    np.testing.assert_allclose(w @ u @ u.T, w, atol=1e-12)  # in the span of its draw
     assert not np.allclose(simplex_etf(classes, dim, seed=4), w)
 
 
@@ -260,12 +291,15 @@ def test_fedetf_sends_and_keeps_the_etf_head(flower_identity):
         return built.eval()
 
     ctx = StrategyContext(4, 2, 7, 60.0, initial, build, None, 2)
-    strategy = STRATEGIES.get("fedetf").factory(FedAvgConfig(), ctx)
+    strategy = STRATEGIES.get("fedetf").factory(FedAvgConfig(weighting="uniform"), ctx)
+    assert strategy.weighting == "uniform"
+    assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,
+            strategy.min_available_nodes) == (1.0, 0.0, 1, 1)
     etf = simplex_etf(4, model.feature_dim, seed=7).astype(np.float32)
     [sent, _] = strategy.configure_train(1, to_record(initial), ConfigRecord(), _Grid())
     arrays = from_record(sent.content["arrays"])
     assert arrays["head.weight"].tobytes() == etf.tobytes()
-    assert not arrays["head.bias"].any()
+    assert not arrays["head.bias"].any() and arrays["head.bias"].dtype == np.float32
     assert arrays["conv1.weight"].tobytes() == initial["conv1.weight"].tobytes()
 
     # the client trains the body under the frozen head ...
@@ -302,11 +336,13 @@ def test_etf_client_balanced_shift_and_refusals():
     assert not make_client(ETFClient, ETFConfig(balanced=False)).shift.any()
     data = DataInfo(torch.arange(100) % 10, 10, 10, (1, 12, 12))
     narrow = smoke_config(["model.channels=[1, 1]"])  # 1 x 3 x 3 = 9 features < 10 classes
-    with pytest.raises(ConfigError, match="only 9 penultimate features.*at least 10 features"):
+    with pytest.raises(ConfigError, match="only 9 penultimate features.*at least 10 features in x.yaml: strategy$"):
         check_fedetf(FedAvgConfig(), narrow, data, "x.yaml: strategy")
+    check_fedetf(FedAvgConfig(), narrow, DataInfo(torch.arange(90) % 9, 9, 9, (1, 12, 12)), "x.yaml: strategy")  # 9 = 9
     check_fedetf(FedAvgConfig(), smoke_config(["model.channels=[1, 2]"]), data, "x.yaml: strategy")  # 18 >= 10
     pruned_head = smoke_config(["pruning.include_head=true"])
-    with pytest.raises(ConfigError, match="set pruning.include_head=false"):
+    with pytest.raises(ConfigError, match="^client etf keeps the head at the simplex ETF, which pruning it would "
+                                          "break; set pruning.include_head=false in x.yaml: client$"):
         check_etf_client(ETFConfig(), pruned_head, data, "x.yaml: client")
 
 
