@@ -608,6 +608,16 @@ class RunFolder:
         if status == "completed":
             reserve.unlink(missing_ok=True)
 
+    def record_end(self, status: str, reason: str, resumable: bool) -> None:
+        """``set_status`` for a run that ends badly (failed, interrupted), with its one-line
+        ``reason``; where even that cannot be written (a disk full beyond the reserve), the
+        log says so and readers see a dead writer, which reads as interrupted."""
+        try:
+            self.set_status(status, reason, resumable=resumable)
+        except OSError as err:
+            log.error("could not record in %s that the run %s (%s): %s", self.path, status, err.strerror or err,
+                      reason)
+
     def reserve(self) -> None:
         """Keep ``RESERVE_BYTES`` for the status (``set_status`` gives them up on a full
         disk); where even that cannot be written, the run goes on without."""
@@ -635,11 +645,8 @@ def settle_status(run_dir: str | Path, flower_status: str) -> dict[str, Any]:
     "failed" with that reason, so no status outlives its writer."""
     status = read_status(run_dir)
     if writer_gone(status):
-        reason = f"the ServerApp ended without recording an outcome (Flower: {flower_status}); see its log"
-        try:
-            RunFolder(Path(run_dir)).set_status("failed", reason, resumable=True)
-        except OSError as err:
-            log.error("could not mark %s failed: %s", run_dir, err)
+        RunFolder(Path(run_dir)).record_end(
+            "failed", f"the ServerApp ended without recording an outcome (Flower: {flower_status}); see its log", True)
         status = read_status(run_dir)
     return status
 

@@ -462,14 +462,8 @@ NOT_RESUMABLE = (Diverged, ConfigError, BadFileError)
 
 
 def _fail(folder: RunFolder, err: BaseException, server_round: int | None, context: str = "") -> None:
-    """Mark ``folder`` failed with ``err`` as one line, and whether resuming can help; if
-    even that cannot be written (a full disk), say so in the log: the status then reads as
-    interrupted."""
-    try:
-        folder.set_status("failed", context + failure_text(err, server_round),
-                          resumable=not isinstance(err, NOT_RESUMABLE))
-    except OSError as status_err:
-        log.error("could not record the failure in %s (%s): %s", folder.path, status_err, err)
+    """Mark ``folder`` failed with ``err`` as one line, and whether resuming can help."""
+    folder.record_end("failed", context + failure_text(err, server_round), not isinstance(err, NOT_RESUMABLE))
 
 
 def failure_text(err: BaseException, server_round: int | None) -> str:

@@ -109,7 +109,7 @@ def finish_run(run_dir: Path, flower_status: str, logs_error: str | None = None,
             return read_status(run_dir), words
         except (OSError, ConfigError, BadFileError) as err:
             reason = str(err) if isinstance(err, OutputError) else output_failure("the run's page", err)
-            _record(folder, "failed", f"after the last round, {reason}")
+            folder.record_end("failed", f"after the last round, {reason}", True)
     elif logs_error:
         log.warning("%s", logs_error)
     status = settle_status(run_dir, flower_status)
@@ -122,17 +122,7 @@ def interrupt_run(run_dir: Path, stop: KeyboardInterrupt) -> None:
     if read_status(run_dir)["status"] != "running":
         return
     signum = getattr(stop, "signum", signal.SIGINT)
-    _record(RunFolder(run_dir), "interrupted", f"stopped by {signal.Signals(signum).name}")
-
-
-def _record(folder: RunFolder, status: str, reason: str) -> None:
-    """Write a resumable ``status`` with its one-line reason; if even that cannot be
-    written (a full disk), say so: readers then see a dead writer, which reads as
-    interrupted."""
-    try:
-        folder.set_status(status, reason, resumable=True)
-    except OSError as err:
-        log.error("could not record in %s that the run %s (%s): %s", folder.path, status, err.strerror or err, reason)
+    RunFolder(run_dir).record_end("interrupted", f"stopped by {signal.Signals(signum).name}", True)
 
 
 def write_page(paths: list[Path], folder: Path, *, strict: bool = False) -> str:

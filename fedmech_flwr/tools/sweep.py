@@ -59,6 +59,7 @@ from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
+    LOCK_FILE,
     SWEEP_LOCK_FILE,
     SWEEP_MANIFEST_FILE,
     FolderLock,
@@ -67,7 +68,6 @@ from fedmech_flwr.run_folder import (
     read_status,
     writer_alive,
 )
-from fedmech_flwr.run_folder import LOCK_FILE as RUN_LOCK_FILE
 from fedmech_flwr.tools.finish import finish_run, interrupt_run
 from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
 from fedmech_flwr.typed import parse_dataclass
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 MANIFEST_FILE = SWEEP_MANIFEST_FILE
 RUNS_DIR = "runs"
 LOGS_DIR = "logs"
-LOCK_FILE = SWEEP_LOCK_FILE
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SERVER_GIB = 1.0
 """Memory of one run's ServerApp process (it also hosts Flower's simulation engine and
@@ -421,7 +420,7 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
     are resumed next time) and re-raises."""
     local = [c.config for c in plan.cells if c.config.simulation.ray_address is None]
     num_cpus = private_ray_cpus(clients_cpus(local), check_fits(plan.cells, parallel))
-    with FolderLock(folder / LOCK_FILE, "run the same command again"):
+    with FolderLock(folder / SWEEP_LOCK_FILE, "run the same command again"):
         manifest = Manifest(folder, plan, parallel)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
                    for c in plan.cells}
@@ -455,7 +454,7 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         manifest.update(cell.name, status="running", error=None)
         start = time.monotonic()
         with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream, \
-                FolderLock(run_dir / RUN_LOCK_FILE, "run the same command again"):
+                FolderLock(run_dir / LOCK_FILE, "run the same command again"):
             simulation = warm.get(cell.config.simulation.ray_address)
             result = simulation.run(run_config, cell.config.federation.num_clients, cell.config.simulation,
                                     stream=stream, verbose=verbose)
