@@ -1,5 +1,5 @@
 """How a run's cost grows with the federation: the same small experiment through
-``fedmech run`` (real ``flwr run``, Ray) with 100, 1,000 and 10,000 simulated clients,
+``fedmech run`` (real ``flwr run``, Ray) with 100, 10,000 and 100,000 simulated clients,
 10 sampled per round, each sampled client training on the same number of samples (one
 synthetic dataset, big enough for the largest count, for every run).
 
@@ -18,11 +18,12 @@ For each client count:
                is in it; the ClientApps run in Ray actors (other processes) and are not
     wall       the whole ``fedmech run`` process
 
-and the ratios of round time and RSS to the smallest count, with the issue's targets
-beside them (10,000 vs 100: round time at most 1.10x, RSS at most 1.05x; start-up at most
-linear in the clients and under 60 s at 10,000). Nothing gates on them.
+and the ratios of round time, RSS and start-up to the smallest count, with the targets
+beside them (100,000 vs 100: round time and RSS at most 1.10x, start-up at most linear in
+the clients). The counts run in turn, ``--repeats`` times, and the medians are compared:
+on a shared machine single runs move by a factor of 2. Nothing gates on them.
 
-    python benchmarks/scale.py [--clients 100 1000 10000] [--per-round 10] [--rounds 5]
+    python benchmarks/scale.py [--clients 100 10000 100000] [--per-round 10] [--rounds 5] [--repeats 2]
 
 Flower streams a run's log in batches of about a second, so start-up is +-1 s.
 """
@@ -42,13 +43,12 @@ EXPERIMENT = REPO / "experiments" / "smoke.yaml"
 MODEL = "model={name: simple_cnn, channels: [64, 128, 256]}"
 """The paper's SimpleCNN widths (1.4 MiB of weights): a server keeping every client's
 model would show, and a sampled client still trains in a fraction of a second."""
-SAMPLES_PER_CLIENT = 20
+SAMPLES_PER_CLIENT = 5
 """Training samples of each sampled client per round (the same at every client count)."""
 MARKERS = [("serverapp", "Run folder:"), ("roster", "Starting RoundProtocol strategy"), ("to round 1", "[ROUND 1/")]
 """Start-up phases: each ends when its line arrives."""
-TARGETS = {"round": 1.10, "rss": 1.05}
+TARGETS = {"round": 1.10, "rss": 1.10}
 """The largest count's ratio to the smallest that the issue asks for."""
-STARTUP_LIMIT_S = 60.0
 
 
 def one_run(num_clients: int, num_train: int, per_round: int, rounds: int) -> dict[str, float]:
@@ -91,25 +91,35 @@ def one_run(num_clients: int, num_train: int, per_round: int, rounds: int) -> di
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000], help="smallest first")
+    parser.add_argument("--clients", type=int, nargs="+", default=[100, 10_000, 100_000], help="smallest first")
     parser.add_argument("--per-round", type=int, default=10, help="clients sampled per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per run (at least 3: the median skips round 1)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs per count, the counts taken in turn (the medians are shown)")
     args = parser.parse_args(argv)
     num_train = SAMPLES_PER_CLIENT * max(args.clients)  # one dataset for every run
-    rows = {}
+    runs: dict[int, list[dict[str, float]]] = {n: [] for n in args.clients}
+    columns = ["serverapp", "roster", "to round 1", "start-up", "round 1", "round", "rss", "wall"]
     print(f"{'clients':>7} {'serverapp':>9} {'roster':>7} {'to rnd 1':>8} {'start-up':>8} {'round 1':>7} {'round':>6} "
-          f"{'RSS MiB':>8} {'wall':>6} {'round x':>7} {'RSS x':>6}", flush=True)
-    for n in args.clients:
-        r = rows[n] = one_run(n, num_train, args.per_round, args.rounds)
-        base = rows[args.clients[0]]
-        print(f"{n:>7} {r['serverapp']:>9.1f} {r['roster']:>7.1f} {r['to round 1']:>8.1f} {r['start-up']:>8.1f} "
-              f"{r['round 1']:>7.1f} {r['round']:>6.2f} {r['rss']:>8.0f} {r['wall']:>6.1f} {r['round'] / base['round']:>7.3f} "
-              f"{r['rss'] / base['rss']:>6.3f}", flush=True)
-    small, large = args.clients[0], args.clients[-1]
-    print(f"targets, {large} vs {small} clients: round time x{rows[large]['round'] / rows[small]['round']:.3f} "
-          f"(at most {TARGETS['round']}), server RSS x{rows[large]['rss'] / rows[small]['rss']:.3f} "
-          f"(at most {TARGETS['rss']}), start-up {rows[large]['start-up']:.1f} s (under {STARTUP_LIMIT_S:.0f} s; "
-          f"at most linear: x{rows[large]['start-up'] / rows[small]['start-up']:.2f} for x{large / small:g} clients)")
+          f"{'RSS MiB':>8} {'wall':>6}", flush=True)
+    for _ in range(args.repeats):
+        for n in args.clients:
+            r = one_run(n, num_train, args.per_round, args.rounds)
+            runs[n].append(r)
+            print(f"{n:>7} " + " ".join(f"{r[c]:>{w}.{p}f}" for c, w, p in zip(
+                columns, (9, 7, 8, 8, 7, 6, 8, 6), (1, 1, 1, 1, 1, 2, 0, 1))), flush=True)
+    rows = {n: {c: statistics.median(r[c] for r in runs[n]) for c in columns} for n in args.clients}
+    small = rows[args.clients[0]]
+    print(f"\nmedians of {args.repeats} runs each")
+    print(f"{'clients':>7} {'start-up':>8} {'round':>6} {'RSS MiB':>8} {'round x':>7} {'RSS x':>6} {'start-up x':>10}")
+    for n, r in rows.items():
+        print(f"{n:>7} {r['start-up']:>8.1f} {r['round']:>6.2f} {r['rss']:>8.0f} {r['round'] / small['round']:>7.3f} "
+              f"{r['rss'] / small['rss']:>6.3f} {r['start-up'] / small['start-up']:>10.2f}")
+    large = rows[args.clients[-1]]
+    print(f"targets, {args.clients[-1]} vs {args.clients[0]} clients: round time x{large['round'] / small['round']:.3f} "
+          f"(at most {TARGETS['round']}), server RSS x{large['rss'] / small['rss']:.3f} (at most {TARGETS['rss']}), "
+          f"start-up x{large['start-up'] / small['start-up']:.2f} for x{args.clients[-1] / args.clients[0]:g} clients "
+          f"(at most linear)")
 
 
 if __name__ == "__main__":

@@ -76,11 +76,21 @@ def test_startup(capsys):
 
 @pytest.mark.integration
 def test_scale(capsys):
-    """Two tiny federations: every start-up phase is found in the logs, and the ratios to
-    the first count are printed (1 for the first)."""
-    load("scale").main(["--clients", "3", "6", "--per-round", "2", "--rounds", "3"])
+    """Two tiny federations: every start-up phase is found in the logs, each run's row is
+    printed, then the medians with their ratios to the first count (1 for the first)."""
+    load("scale").main(["--clients", "3", "6", "--per-round", "2", "--rounds", "3", "--repeats", "1"])
     out = capsys.readouterr().out.strip().splitlines()
-    rows = [line.split() for line in out[1:3]]
-    assert [row[0] for row in rows] == ["3", "6"] and rows[0][-2:] == ["1.000", "1.000"]
-    assert all(float(v) > 0 for row in rows for v in row[4:])
-    assert out[3].startswith("targets, 6 vs 3 clients: round time x")
+    runs = [line.split() for line in out[1:3]]
+    assert [row[0] for row in runs] == ["3", "6"] and all(float(v) > 0 for row in runs for v in row[4:])
+    assert out[4] == "medians of 1 runs each"
+    medians = [line.split() for line in out[6:8]]
+    assert [row[0] for row in medians] == ["3", "6"] and medians[0][-3:] == ["1.000", "1.000", "1.00"]
+    assert out[8].startswith("targets, 6 vs 3 clients: round time x")
+
+
+def test_link_state(capsys):
+    """One pass three ways over two tiny federations: every time is printed, and Flower's
+    over the index's."""
+    load("link_state").main(["--nodes", "10", "50", "--passes", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    assert [row[0] for row in rows] == ["10", "50"] and all(float(v) > 0 for row in rows for v in row[1:])

@@ -9,6 +9,7 @@ and bad input, refused before Flower starts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -191,3 +192,28 @@ def test_sighup_then_a_full_disk_at_the_page_then_resume_ends_as_the_uninterrupt
     assert not re.search(r"^round \d", finished.stdout, re.MULTILINE)  # no round ran again
     assert_same_run(reference, run_dir)
     assert (run_dir / "report" / "index.html").is_file()
+
+
+def test_a_private_ray_that_dies_mid_run_fails_the_run_instead_of_hanging(tmp_path):
+    """The private Ray head exits during a round (seen when another program took one of
+    its ports): Flower would wait for it forever; the launch is stopped, the run fails
+    with one line naming Ray, resumable, and nothing of the launch is left running."""
+    proc = subprocess.Popen(fedmech_command(tmp_path / "out", "federation.num_rounds=50"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
+        runs = list((tmp_path / "out").glob("*/" + STATE_FILE))
+        if runs and int(load_arrays(runs[0])["round"]) >= 1:
+            break
+        time.sleep(0.05)
+    launched = launch_processes_of(proc.pid)
+    (head,) = [pid for pid in launched if {b"start", b"--head"} <= set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
+    os.kill(head, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-4000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("failed: ") and "the private Ray head exited during the run (code -9" in last, last
+    (run_dir,) = list((tmp_path / "out").iterdir())
+    assert f"fedmech run --resume {run_dir}" in last
+    assert read_status(run_dir)["status"] in ("failed", "interrupted")
+    assert not [pid for pid in launched if process_alive(pid)]

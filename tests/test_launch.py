@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import socket
 import socketserver
 import subprocess
 import sys
@@ -163,3 +164,13 @@ def test_a_superlink_that_finds_every_port_taken_fails_in_one_line(tmp_path, mon
     [line] = capsys.readouterr().err.splitlines()
     assert line == (f"error: flower-superlink could not start: port(s) {first}, {second} taken by another program; "
                     "run the command again")
+
+
+def test_a_port_chosen_here_is_free_and_below_the_ports_the_system_hands_out():
+    """A port the system hands to any socket asking for one (a Ray worker's) could be taken
+    between the choice and the bind; below that range only programs that choose numbers can."""
+    ephemeral = int(launch.EPHEMERAL_RANGE.read_text().split()[0])
+    for port in {launch._free_port() for _ in range(20)}:
+        assert launch.PORTS_FROM <= port < ephemeral
+        with socket.socket() as s:
+            s.bind(("", port))  # free on every address

@@ -15,10 +15,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app import link_index
 from fedmech_flwr.app.run import resume_config, run_experiment, show_logs
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import APP_DIR
 
+link_index.install()  # in simulation this process holds Flower's link state: before its engine starts polling
 app = ServerApp()
 
 

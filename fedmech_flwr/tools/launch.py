@@ -29,6 +29,7 @@ import http.client
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -143,11 +144,36 @@ def make_credentials(folder: Path, num_nodes: int) -> Credentials:
     return Credentials(folder)
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""The ports Linux hands to a socket that asks for any port (Ray's workers and clients, every
+outgoing connection); on other systems IANA's 49152 and up."""
+PORTS_FROM = 20000
+"""The lowest port chosen here: above the ports services are known on (Ray's 6379 and 10001)."""
+_ports = random.SystemRandom()  # not the random a seeded run or test controls: two launches must not agree
+
+
 def _free_port() -> int:
-    """A port free now; released at once, so another program may take it before whoever
-    it is for binds it (``_LocalFlower.start_superlink`` tries again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    """A port free now, on every address, chosen below the ephemeral range: a port the
+    system hands out to whoever asks for any port can be taken between this choice and the
+    bind of whoever it is for (a Ray beside this one lost its client server that way, and
+    its run waited for it forever); below that range only a program that picks numbers
+    itself, as this does, can. The port is released at once: should it be taken all the
+    same, ``start_superlink`` starts again on another, and a private Ray head that loses
+    one stops the run (``_watch_ray``)."""
+    try:
+        ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 49152
+    for _ in range(200):
+        port = _ports.randrange(PORTS_FROM, max(ephemeral, PORTS_FROM + 1000))
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every one tried was taken: whatever the system gives
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
@@ -229,6 +255,8 @@ class _LocalFlower:
         self.port = port or _free_port()
         self.port_chosen = not port
         self.ray_head: subprocess.Popen | None = None
+        self.ray_lost: str | None = None
+        """Why the launch was stopped during a run: its private Ray head exited (``_watch_ray``)."""
         self.staged: dict[Path, Path] = {}
         self.running = False
         """A run is under way: ``close`` then gives its processes time to record how it ended."""
@@ -299,7 +327,7 @@ class _LocalFlower:
             "--include-dashboard", "false", "--disable-usage-stats", *(["--num-cpus", str(num_cpus)] if num_cpus else []),
             # `ray start` binds fixed ports that a second Ray on the machine would also take; these are free ones
             "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()),
+            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-port", str(_free_port()),
             "--no-monitor",  # the autoscaler's monitor: a private head of fixed size has nothing to scale
         ])
 
@@ -409,6 +437,7 @@ class _LocalFlower:
         self.procs.append(proc)  # stopped by close() too, should streaming end early (SIGTERM)
         self.running = True
         self.wait_for_ray()  # while flwr run builds and submits the app
+        threading.Thread(target=self._watch_ray, args=(proc,), daemon=True).start()
         with open(self.log_file(RUN_LOG), "a") as log_file:
             console = Console(stream or sys.stdout, log_file, verbose)
             for line in proc.stdout:
@@ -419,9 +448,27 @@ class _LocalFlower:
         proc.stdout.close()
         self.procs.remove(proc)
         self.running = False
+        if self.ray_lost:
+            return LaunchResult(run_id, self.ray_lost)
         if run_id is None:
             return LaunchResult(None, f"not started (flwr run exited with {proc.returncode})")
         return LaunchResult(run_id, self._status(run_id))
+
+    def _watch_ray(self, proc: subprocess.Popen) -> None:
+        """Stop the launch should its private Ray head exit while ``proc`` (``flwr run``)
+        runs: Flower's ``ray.init`` and its actors would wait for that Ray forever. Seen when
+        another program took a port the head had been given (its client server's), the head
+        stopping two seconds after it said it had started."""
+        while proc.poll() is None and not self.closed:
+            if self.ray_head is not None and self.ray_head.poll() is not None:
+                said = " ".join(self.tail("ray", 2).split())
+                self.ray_lost = (f"the private Ray head exited during the run (code {self.ray_head.returncode}: "
+                                 f"{said or 'no message'}); its log is the run folder's logs/ray.log; run the "
+                                 "command again (--resume continues a run that had started)")
+                log.error(self.ray_lost)
+                _stop(*(p for p in self.procs if p is not self.ray_head), grace_s=5.0)
+                return
+            time.sleep(0.5)
 
     def _status(self, run_id: int) -> str:
         out = subprocess.run([_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
