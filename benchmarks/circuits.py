@@ -6,7 +6,9 @@ step, class after class. The vectorised run shares one ``--batch-size`` step amo
 classes (ceil(batch/10) samples of each), so it costs about one class's run. Prints both
 times, the speed-up, and how much the two sets of circuits agree (mean IoU).
 
-    python benchmarks/circuits.py [--steps 100] [--batch-size 256] [--channels 64 128 256]
+    python benchmarks/circuits.py [--steps 100] [--batch-size 256] [--channels 64 128 256] [--all-steps]
+
+The paper's setting: ``--steps 300 --all-steps`` (no early stop) at batch 256.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=256, help="samples per forward pass")
     parser.add_argument("--train-steps", type=int, default=30)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--all-steps", action="store_true",
+                        help="every class runs all --steps (the paper's protocol; default: the early stop)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -50,7 +54,8 @@ def main() -> None:
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         optimizer.step()
 
-    cfg = GateConfig(steps=args.steps, batch_size=args.batch_size, max_batch=args.max_batch)
+    cfg = GateConfig(steps=args.steps, batch_size=args.batch_size, max_batch=args.max_batch,
+                     patience=None if args.all_steps else GateConfig.patience)
     classes = list(range(10))
     discover_one_class(model, x, y, 0, GateConfig(steps=2, batch_size=8), torch.Generator())  # warm-up
 
@@ -70,7 +75,8 @@ def main() -> None:
     agreement = sum(circuit_iou(together[c], alone[c]) for c in classes) / len(classes)
     print(
         f"SimpleCNN {args.channels}, 10 classes, {args.steps} steps, batch {args.batch_size}, "
-        f"max batch {args.max_batch}, {device}, {args.threads} threads"
+        f"max batch {args.max_batch}, {'all steps' if args.all_steps else 'early stop'}, {device}, "
+        f"{args.threads} threads"
     )
     print(f"vectorised (10 classes share each step): {t_vec:8.2f} s")
     print(f"10 one-class runs (the paper's protocol): {t_loop:8.2f} s")

@@ -11,9 +11,10 @@ and prints samples/s for each and the ratios: the engine over the bare loop, and
 in-Flower figure over the engine. Two in-Flower figures are given: the client's own loop
 (measured inside the Ray actor), and the whole train round as the server sees it
 (sending the model, client set-up, training, the reply), median over the rounds after
-the first (the first round also decodes the dataset in the actor).
+the first (the first round also decodes the dataset in the actor). All three train on
+``--device`` (auto: CUDA where torch sees it); on CUDA the Flower client holds a whole GPU.
 
-    python benchmarks/throughput.py [--samples 3000] [--rounds 4] [--repeats 4] [--skip-flower]
+    python benchmarks/throughput.py [--samples 3000] [--rounds 4] [--repeats 4] [--skip-flower] [--device cuda]
 """
 
 from __future__ import annotations
@@ -42,19 +43,21 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
     from fedmech_flwr.pruning import MagnitudePruner
     from fedmech_flwr.seeds import seed_for
-    from fedmech_flwr.training import cross_entropy_objective, local_steps, seed_everything, train_epochs
+    from fedmech_flwr.training import (cross_entropy_objective, local_steps, resolve_device, seed_everything,
+                                       train_epochs)
 
     plugins.load()
     cfg = load_experiment(EXPERIMENT, overrides)
     torch.set_num_threads(cfg.simulation.cpus_per_client)
+    device = resolve_device(cfg.device)
     bundle = load_data(cfg)
     idx = torch.from_numpy(client_partitions(cfg, bundle)[0])
     engine, bare = [], []
     for r in range(repeats):
         generator = seed_everything(seed_for(cfg.seed, "local-training", 0, r))
         sub = idx[torch.randperm(len(idx), generator=generator)[: cfg.train.max_samples_per_round]]
-        x, y = bundle.x_train[sub], bundle.y_train[sub]
-        model = new_model(cfg, bundle)
+        x, y = bundle.x_train[sub].to(device), bundle.y_train[sub].to(device)
+        model = new_model(cfg, bundle, device)
         pruner = MagnitudePruner(model, cfg.pruning, total_steps=local_steps(len(x), cfg.train))
         stats = train_epochs(model, x, y, cfg.train, generator, cross_entropy_objective(model), pruner)
         engine.append(stats.samples_per_s)
@@ -73,13 +76,13 @@ def bare_loop(x: torch.Tensor, y: torch.Tensor, channels: list[int], num_classes
     for c in channels:
         layers += [nn.Conv2d(width, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         width, side = c, side // 2
-    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(width * side * side, num_classes))
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(width * side * side, num_classes)).to(x.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     convs = [m.weight for m in model if isinstance(m, nn.Conv2d)]
     ramp = ramp_fraction * epochs * -(-len(x) // batch_size)
     step, start = 0, time.perf_counter()
     for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
+        order = torch.randperm(len(x), generator=generator).to(x.device)
         for i in range(0, len(x), batch_size):
             idx = order[i : i + batch_size]
             loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
@@ -92,6 +95,8 @@ def bare_loop(x: torch.Tensor, y: torch.Tensor, channels: list[int], num_classes
                 for w in convs:
                     if (k := round(target * w.numel())) > 0:
                         w.masked_fill_(w.abs() <= w.abs().flatten().kthvalue(k).values, 0.0)
+    if x.is_cuda:  # the engine waits for every step (it reads the loss); so does this clock
+        torch.cuda.synchronize()
     return epochs * len(x) / (time.perf_counter() - start)
 
 
@@ -119,11 +124,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4, help="Flower rounds (the first is excluded)")
     parser.add_argument("--repeats", type=int, default=4, help="engine and bare runs, alternated (the first excluded)")
     parser.add_argument("--skip-flower", action="store_true", help="only the engine against the bare loop")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where all three train")
     args = parser.parse_args(argv)
-    overrides = [f"train.max_samples_per_round={args.samples}", f"federation.num_rounds={args.rounds}"]
+    from fedmech_flwr.training import resolve_device
+
+    device = resolve_device(args.device).type  # the Flower client needs a GPU share to see CUDA in its Ray actor
+    overrides = [f"train.max_samples_per_round={args.samples}", f"federation.num_rounds={args.rounds}",
+                 f"device={device}", f"simulation.gpus_per_client={1 if device == 'cuda' else 0}"]
     os.environ.setdefault("FEDMECH_OUT", tempfile.gettempdir())
     plain, bare = engine_vs_bare(overrides, repeats=args.repeats)
-    print(f"{'measurement':<48}{'samples/s':>12}{'ratio':>9}")
+    print(f"{'measurement, on ' + device:<48}{'samples/s':>12}{'ratio':>9}")
     print(f"{'bare PyTorch loop (no project code)':<48}{bare:>12.1f}{1.0:>9.3f}")
     print(f"{'the engine outside Flower (train_epochs)':<48}{plain:>12.1f}{plain / bare:>9.3f}")
     if args.skip_flower:

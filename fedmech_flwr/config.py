@@ -185,7 +185,8 @@ class SimulationConfig:
     cpus_per_client: int = field(default=1, metadata={"ge": 1})
     """CPU cores per client (Ray resource); also the client's torch thread count."""
     gpus_per_client: float = field(default=0.0, metadata={"ge": 0.0, "le": 1.0})
-    """Fraction of a GPU per client, e.g. 0.25 runs four clients per GPU."""
+    """Fraction of a GPU per client, e.g. 0.25 runs four clients per GPU: a Ray resource,
+    which caps how many clients run at once; ``device`` decides where they train."""
     ray_address: str | None = None
     """An existing Ray cluster to run on: ``auto`` (the one started on this machine with
     ``ray start``) or its ``HOST:PORT``; null starts a private Ray instance per run."""
@@ -222,7 +223,9 @@ class ExperimentConfig:
     """Seeds everything: the partition, the model's initial weights, each client's
     training and every diagnostic's random stream (``seeds.seed_for``)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where models train and are diagnosed; ``auto`` takes CUDA when it is there."""
+    """Where models train and are diagnosed: ``auto`` takes CUDA where torch sees it, else
+    the CPU (in each process: the server, every client); ``cuda`` is refused where torch
+    sees no CUDA, since the server evaluates and diagnoses on this machine."""
     output_root: str = "~/fedmech-runs"
     """Where run folders go: absolute or ``~/...`` (the ServerApp's working directory is
     the SuperLink's, not your project). ``--out`` or ``FEDMECH_OUT`` override it."""
@@ -298,6 +301,31 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
             "unexpected (use --out DIR or FEDMECH_OUT for a folder relative to you)",
             f"{where}output_root",
         )
+
+
+def _cuda() -> bool:
+    """Whether torch sees CUDA here (torch imported only when a GPU share is asked for)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_simulated(cfg: ExperimentConfig, where: str) -> None:
+    """The rules of a run on Flower's simulation engine (``fedmech run``, a sweep's cells), not
+    of a deployment: ``device: cuda`` needs GPU shares, since Ray empties
+    ``CUDA_VISIBLE_DEVICES`` in an actor that asks for none (Ray 2.55's default); GPU shares
+    on a private Ray need a GPU here, or Flower starts no client ("ActorPool is empty")."""
+    sim = cfg.simulation
+    if cfg.device == "cuda" and sim.gpus_per_client == 0:
+        raise ConfigError(
+            "device is 'cuda' but simulation.gpus_per_client is 0: Ray hides the GPUs from a client's actor that "
+            "asks for none, so every client would fail; set simulation.gpus_per_client (0.25 runs four clients "
+            "per GPU), or device: auto (the clients on the CPU)", f"{where}simulation.gpus_per_client")
+    if sim.gpus_per_client > 0 and sim.ray_address is None and not _cuda():
+        raise ConfigError(
+            f"simulation.gpus_per_client is {sim.gpus_per_client:g} but this machine has no GPU (torch sees no "
+            "CUDA) for its private Ray to share out, so no client could start; set simulation.gpus_per_client: 0, "
+            "or name a Ray cluster with GPUs in simulation.ray_address", f"{where}simulation.gpus_per_client")
 
 
 def _check_federation(fed: FederationConfig, where: str) -> None:

@@ -62,12 +62,18 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
 def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
     """Every check of ``cfg`` that can be made before Flower starts.
 
-    Reads the dataset's labels and checks its files' headers (not its images), then runs
+    Refuses ``device: cuda`` where torch sees no CUDA (the ServerApp would fail at start),
+    reads the dataset's labels and checks its files' headers (not its images), then runs
     what the ServerApp runs at start: the audit set, the clients' partitions, the model,
     and each chosen plug-in's own ``check`` (``Entry.check``). ``where`` prefixes the key
     paths in errors (e.g. ``"x.yaml:"``). Labels and partitions are cached, so a sweep's
     cells cost milliseconds each.
     """
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "device is 'cuda' but torch sees no CUDA device on this machine, where the server evaluates and "
+            "diagnoses even when simulation.ray_address sends the clients to a cluster; set device: auto "
+            "(CUDA wherever a process has it, else the CPU) or device: cpu", join_key(where, "device"))
     dataset = cfg.data.dataset
     described = f"dataset '{dataset.name}' with {to_plain(dataset.params)}"
     try:

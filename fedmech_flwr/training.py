@@ -56,9 +56,11 @@ def cross_entropy_objective(model: nn.Module) -> Objective:
 
 
 def resolve_device(choice: str) -> torch.device:
-    """``auto`` picks CUDA when present; ``cuda`` without a GPU is an error."""
+    """``auto`` picks CUDA when torch sees it, else the CPU (also in a Ray actor given a
+    share of a GPU that torch cannot see: Ray's GPU resources are declarations);
+    ``cuda`` without a GPU is an error (``check_experiment`` refuses it before a run)."""
     if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda was requested but torch sees no CUDA device; use auto or cpu")
+        raise RuntimeError("device is 'cuda' but torch sees no CUDA device in this process; set device: auto or cpu")
     if choice in ("auto", "cuda") and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")

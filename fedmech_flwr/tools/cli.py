@@ -38,7 +38,8 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS, Help
-from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
+from fedmech_flwr.config import (PARTNERS, PLUGIN_KEYS, ExperimentConfig, check_simulated, differing_keys,
+                                 plugin_registries)
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
@@ -237,7 +238,8 @@ def _start_line(cfg: ExperimentConfig, run_dir: Path, engine: str, resume: bool)
 def _engine(cfg: ExperimentConfig) -> str:
     sim = cfg.simulation
     where = f"the Ray cluster at {sim.ray_address}" if sim.ray_address else "a private Ray"
-    return f"simulation on {where}, {sim.cpus_per_client} CPU(s) per client"
+    gpus = f" and {sim.gpus_per_client:g} GPU" if sim.gpus_per_client else ""
+    return f"simulation on {where}, {sim.cpus_per_client} CPU(s){gpus} per client"
 
 
 def _report(result: LaunchResult, run_dir: Path, status: dict, page: str) -> int:
@@ -287,6 +289,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("give an experiment file, or --resume RUN_DIR", "fedmech run")
     else:
         cfg, run_dir, run_config = _prepare_run(args)
+    check_simulated(cfg, f"{args.resume or args.experiment}: ")
     try:
         with stopped_by_signals(), _run_lock(run_dir):
             if args.resume:

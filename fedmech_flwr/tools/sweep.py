@@ -53,7 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import outputs, plugins
-from fedmech_flwr.config import ExperimentConfig, apply_overrides, differing_keys, load_plugins, override, read_yaml
+from fedmech_flwr.config import (
+    ExperimentConfig,
+    apply_overrides,
+    check_simulated,
+    differing_keys,
+    load_plugins,
+    override,
+    read_yaml,
+)
 from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import parse_experiment
 from fedmech_flwr.files import write_text_atomic
@@ -300,6 +308,7 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
             cell = f"{group}_s{seed}"
             overrides = [*common, *sets, override("seed", seed), override("name", f"{name}-{cell}")]
             config = parse_experiment(apply_overrides(raw_base, overrides), f"{path} cell {cell}")
+            check_simulated(config, f"{path} cell {cell}: ")  # every cell runs on the simulation engine
             cells.append(Cell(cell, group, seed, labels, overrides, config))
     if not cells:
         raise ConfigError("no cell is left after --only", "--only")
