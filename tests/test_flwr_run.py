@@ -38,6 +38,16 @@ def fedmech_run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(fedmech_command(out, *overrides), cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+def after_round_1(proc: subprocess.Popen, out: Path) -> None:
+    """Return once the run ``proc`` writes under ``out`` has committed round 1 (or ended)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = list(out.glob("*/" + STATE_FILE))
+        if runs and int(load_arrays(runs[0])["round"]) >= 1:
+            return
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The completed run, made once per session: its folder and its process."""
@@ -103,12 +113,7 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     reaper), and ``--resume`` ends bitwise as the uninterrupted run."""
     reference, _ = completed
     proc = subprocess.Popen(fedmech_command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
-        runs = list(tmp_path.iterdir())
-        if runs and (runs[0] / STATE_FILE).exists() and int(load_arrays(runs[0] / STATE_FILE)["round"]) >= 1:
-            break
-        time.sleep(0.02)
+    after_round_1(proc, tmp_path)
     assert proc.poll() is None, "the run ended before it could be killed"
     started = launch_processes_of(proc.pid)
     assert started, "no process of the run's launch was found"
@@ -158,12 +163,7 @@ def test_sighup_then_a_full_disk_at_the_page_then_resume_ends_as_the_uninterrupt
     reference, _ = completed
     proc = subprocess.Popen(fedmech_command(disk / "out"), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
-        runs = list((disk / "out").glob("*/" + STATE_FILE))
-        if runs and int(load_arrays(runs[0])["round"]) >= 1:
-            break
-        time.sleep(0.05)
+    after_round_1(proc, disk / "out")
     proc.send_signal(signal.SIGHUP)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGHUP, stderr[-4000:]
@@ -200,12 +200,7 @@ def test_a_private_ray_that_dies_mid_run_fails_the_run_instead_of_hanging(tmp_pa
     with one line naming Ray, resumable, and nothing of the launch is left running."""
     proc = subprocess.Popen(fedmech_command(tmp_path / "out", "federation.num_rounds=50"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:  # until round 1 is committed
-        runs = list((tmp_path / "out").glob("*/" + STATE_FILE))
-        if runs and int(load_arrays(runs[0])["round"]) >= 1:
-            break
-        time.sleep(0.05)
+    after_round_1(proc, tmp_path / "out")
     launched = launch_processes_of(proc.pid)
     (head,) = [pid for pid in launched if {b"start", b"--head"} <= set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))]
     os.kill(head, signal.SIGKILL)
