@@ -462,15 +462,18 @@ class RunFolder:
                      "num_examples": update.num_examples, **metrics})
 
     def failure(self, server_round: int, partition_id: int | None, reason: str, policy: str, details: str = "",
-                node: int | None = None) -> None:
+                node: int | None = None, ray_node: str | None = None) -> None:
         """Record a failed client with a one-line ``reason``; ``details`` (the client's
         whole error text, a Ray traceback say) goes to ``logs/client_failures.log``, which
         the record names. A node refused before the first round has no partition id
-        (``partition_id`` None): round 0, with its ``node`` id."""
+        (``partition_id`` None): round 0, with its ``node`` id. A client lost with its Ray
+        node has that node's id (``ray_node``, as in the client records)."""
         record = {"kind": "failure", "round": server_round, "partition_id": partition_id,
                   "reason": reason, "policy": policy}
         if node is not None:
             record["node"] = node
+        if ray_node is not None:
+            record["ray_node"] = ray_node
         if details:
             log_file = self.path / LOGS_DIR / CLIENT_FAILURES_LOG
             log_file.parent.mkdir(exist_ok=True)

@@ -9,6 +9,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from conftest import outgoing, train_reply
+from fedmech_flwr.app import ray_actors
 from fedmech_flwr.app.client_app import app as client_app
 from fedmech_flwr.app.inprocess import InProcessGrid
 from fedmech_flwr.app.protocol import (
@@ -21,6 +22,7 @@ from fedmech_flwr.app.protocol import (
     discover_nodes,
     simulated_roster,
 )
+from fedmech_flwr.app.ray_actors import RayNodeLost
 from fedmech_flwr.arrays import from_record, pack, to_record
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.data import DatasetBundle
@@ -41,8 +43,9 @@ class Recorder:
     def client(self, server_round, update):
         self.clients.append((server_round, update.partition_id, update.num_examples))
 
-    def failure(self, server_round, partition_id, reason, policy, details=""):
-        self.failures.append({"round": server_round, "partition_id": partition_id, "reason": reason, "policy": policy})
+    def failure(self, server_round, partition_id, reason, policy, details="", ray_node=None):
+        self.failures.append({"round": server_round, "partition_id": partition_id, "reason": reason, "policy": policy,
+                              **({"ray_node": ray_node} if ray_node else {})})
 
     def strategy(self, server_round, metrics):
         self.aggregates.append((server_round, metrics))
@@ -334,6 +337,34 @@ def test_error_that_is_not_a_client_exception_keeps_flowers_code(make_cfg, flowe
     unavailable = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node gone"), reply_to=outgoing(PARTITIONS[0]))
     proto.aggregate_train(1, [unavailable, *(train_reply(PARTITIONS[p], arrays_of(p), 10, partition_id=p) for p in (1, 2))])
     assert rec.failures[0]["reason"] == f"error {ErrorCode.NODE_UNAVAILABLE}: node gone"
+
+
+def test_a_client_lost_with_its_ray_node_is_recorded_with_the_node(make_cfg, flower_identity):
+    """Flower's simulation wraps the ``RayNodeLost`` of ``ray_actors`` as any exception;
+    the failure record names the node, and so does the error of a run that must stop."""
+    lost = RayNodeLost("Ray node 3e90 (10.0.0.7) lost client 0's actor (ActorUnavailableError); 1 actor(s) left")
+    error = Error(code=ErrorCode.UNKNOWN, reason=f"{type(lost)}:<'{lost}'>")  # vce_api's wrapping
+    replies = [Message(error, reply_to=outgoing(PARTITIONS[0])),
+               *(train_reply(PARTITIONS[p], arrays_of(p), 10, partition_id=p) for p in (1, 2))]
+    rec = Recorder()
+    protocol(make_cfg("federation.on_client_failure=continue"), recorder=rec).aggregate_train(1, replies)
+    assert rec.failures == [{"round": 1, "partition_id": 0, "policy": "continue", "ray_node": "3e90",
+                             "reason": f"error {ErrorCode.UNKNOWN}: RayNodeLost: {lost}"}]
+    with pytest.raises(ClientFailure, match=r"client 0 failed \(error 0: RayNodeLost: Ray node 3e90 \(10.0.0.7\) lost"):
+        protocol(make_cfg()).aggregate_train(1, replies)
+
+
+def test_ray_actors_replace_flowers_method_only_in_its_simulation_and_version(monkeypatch, caplog):
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    caplog.set_level("INFO", logger=ray_actors.__name__)
+    flowers = RayBackend.process_message
+    monkeypatch.setattr(RayBackend, "process_message", flowers)  # restored after the test
+    assert not ray_actors.install(InProcessGrid(client_app, 3))
+    assert not ray_actors.install(simulation_grid(1)[0], version="1.43.0")
+    assert RayBackend.process_message is flowers and "Flower 1.43.0" in caplog.text
+    assert ray_actors.install(simulation_grid(1)[0], version=ray_actors.FLOWER_VERSION)
+    assert RayBackend.process_message is ray_actors.process_message
 
 
 class StatefulFedAvg(WeightedFedAvg):

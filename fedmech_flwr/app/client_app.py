@@ -18,7 +18,8 @@ the due client-side diagnostics, and replies with:
   strategy averages these);
 - ``report``: ``partition-id`` (the client's partition id: a shard node's partition-id, or
   the id the server gave an own-data node), ``details`` (a JSON string with per-client values that
-  must not be averaged: per-class accuracy, per-layer sparsity), the client-side
+  must not be averaged: per-class accuracy, per-layer sparsity; ``ray-node``, the Ray
+  node the client trained on, in Flower's simulation), the client-side
   diagnostic results (see ``hooks.encode_results``), the arrays the client uploads for its
   strategy (``upload:<name>``) and its state (``client-state``), packed.
 
@@ -42,6 +43,7 @@ import copy
 import dataclasses
 import json
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -197,6 +199,16 @@ def _decode(value: Any) -> Any:
         return value
 
 
+def ray_node() -> dict[str, str]:
+    """The id of the Ray node this ClientApp runs on, when it runs in a Ray actor (Flower's
+    simulation); empty elsewhere. Every client record of a simulation carries it
+    (``ray_node``): which node of a Ray cluster trained what. It never changes a weight."""
+    ray = sys.modules.get("ray")  # a SuperNode's ClientApp never imports it: not in Ray
+    if ray is None or not ray.is_initialized():
+        return {}
+    return {"ray-node": ray.get_runtime_context().get_node_id()}
+
+
 def _setup(msg: Message, context: Context):
     """The config, round, partition id, device, data and a fresh model for ``msg``."""
     config = msg.content["config"]
@@ -259,7 +271,7 @@ def train(msg: Message, context: Context) -> Message:
     new_params, num_examples, client_metrics = client.fit(params, {**fit_config, "server-round": server_round})
 
     numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric}
+    details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric} | ray_node()
     if data.x_val is not None:  # a node's own validation split: its numbers are the node's alone, never averaged
         val = evaluate(model, data.x_val, data.y_val, data.num_classes, cfg.eval_batch_size)
         details.update({"val-loss": val.loss, "val-accuracy": val.accuracy})

@@ -13,8 +13,9 @@
 - aggregation in partition-id order (bitwise-reproducible sums);
 - the failed-client policy (``fail`` the run, or ``continue`` with at least N replies),
   always written to the per-round log; a client fails when it raises, does not reply
-  within ``round_timeout_s`` or sends NaN/Inf weights (dropped before aggregation, so
-  the global model is never poisoned);
+  within ``round_timeout_s``, sends NaN/Inf weights (dropped before aggregation, so
+  the global model is never poisoned) or is lost with its Ray node (``ray_actors``: the
+  record names the node);
 - the mask policy after aggregation (optional server-side re-pruning);
 - the per-client record of every round (FedAvg only keeps averaged metrics), and the
   round's book-keeping (``RoundSummary``: who was sampled and succeeded, the model sent
@@ -47,6 +48,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.superlink.grid import InMemoryGrid
 
+from fedmech_flwr.app.ray_actors import lost_node
 from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record, unpack
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import raised_where_in_text
@@ -415,7 +417,8 @@ class RoundProtocol(Strategy):
     def _apply_failure_policy(self, server_round: int, failures: list[tuple[int, str, str]], num_usable: int) -> None:
         fed = self.cfg.federation
         for partition_id, reason, details in failures:
-            self.recorder.failure(server_round, partition_id, reason, fed.on_client_failure, details)
+            self.recorder.failure(server_round, partition_id, reason, fed.on_client_failure, details,
+                                  ray_node=lost_node(reason))
             log.warning("round %d: client %d failed: %s", server_round, partition_id, reason)
         if failures and fed.on_client_failure == "fail":
             partition_id, reason, _ = failures[0]

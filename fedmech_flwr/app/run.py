@@ -45,6 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedmech_flwr import plugins
+from fedmech_flwr.app import ray_actors
 from fedmech_flwr.app.node_data import NodeDataSpec
 from fedmech_flwr.app.protocol import (
     SHARD,
@@ -175,6 +176,7 @@ class Run:
         ``evaluate_fn`` are a user's own Flower app's, passed on to Flower's loop (their
         ``evaluate_fn`` runs before the round's end, and its metrics are what Flower keeps)."""
         self._started = time.monotonic()
+        ray_actors.install(grid)  # in simulation, this process holds Flower's Ray actors; before any message
         self.folder = self._open_folder()
         with self._ending():
             return self._rounds(grid, initial, train_config, evaluate_config, evaluate_fn)
