@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from fedmech_flwr import plugins
 from fedmech_flwr.arrays import NamedArrays, load_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 from fedmech_flwr.tools.launch import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
 from fedmech_flwr.wire import REPORT_KEY
@@ -383,6 +384,15 @@ def trained_cnn():
         optimizer.step()
     optimizer.zero_grad()
     return model.eval(), data
+
+
+def assert_gone(pids, within_s: float, what: str) -> None:
+    """Wait up to ``within_s`` seconds for every process of ``pids`` to end; fail with
+    ``what`` should any still be alive."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    assert not [pid for pid in pids if process_alive(pid)], what
 
 
 def launch_processes_of(root: int) -> set[int]:

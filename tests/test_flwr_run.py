@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_same_run, launch_processes_of, lost_bytes, once_per_session
+from conftest import assert_gone, assert_same_run, launch_processes_of, lost_bytes, once_per_session
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 
@@ -119,10 +119,7 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     assert started, "no process of the run's launch was found"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(pid) for pid in started):
-        time.sleep(0.2)
-    assert not [pid for pid in started if process_alive(pid)], "processes of the killed run are still alive"
+    assert_gone(started, 10, "processes of the killed run are still alive")
     (run_dir,) = list(tmp_path.iterdir())
     assert read_status(run_dir)["status"] == "running"  # as a kill leaves it
     assert not (run_dir / "model_final.safetensors").exists()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, launch_processes_of
+from conftest import REPO, assert_gone, launch_processes_of
 from fedmech_flwr.run_folder import process_alive, read_records, read_status
 from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop, descendants
 
@@ -176,10 +176,7 @@ def kill_worker(cluster: Cluster) -> str:
     for pid in node_processes:
         os.kill(pid, signal.SIGKILL)
     worker.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(process_alive(p) for p in node_processes):
-        time.sleep(0.2)
-    assert not [p for p in node_processes if process_alive(p)], "processes of the lost node are still alive"
+    assert_gone(node_processes, 30, "processes of the lost node are still alive")
     return node_id
 
 

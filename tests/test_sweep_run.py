@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_same_run, launch_processes_of, once_per_session
-from fedmech_flwr.run_folder import STATE_FILE, process_alive
+from conftest import REPO, assert_gone, assert_same_run, launch_processes_of, once_per_session
+from fedmech_flwr.run_folder import STATE_FILE
 from fedmech_flwr.tools.report import write_report
 
 pytestmark = pytest.mark.integration
@@ -42,10 +42,7 @@ def start_and_stop_at(out: Path, cell: str, sig: signal.Signals) -> subprocess.P
     assert started, "no process of the sweep's launches was found"
     proc.send_signal(sig)
     proc.wait(timeout=60)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(pid) for pid in started):
-        time.sleep(0.2)
-    assert not [pid for pid in started if process_alive(pid)], "processes of the stopped sweep are still alive"
+    assert_gone(started, 10, "processes of the stopped sweep are still alive")
     return proc
 
 
