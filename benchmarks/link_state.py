@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         state, nodes = build(n, args.messages)
         ms = {name: 1e3 * statistics.median(one_pass(*way, state, nodes) for _ in range(args.passes))
               for name, way in ways.items()}
-        print(f"{n:>7} " + " ".join(f"{v:>15.2f}" for v in ms.values()) +
-              f" {ms['Flower'] / ms['index+poller']:>14.0f}", flush=True)
+        print(f"{n:>7} " + " ".join(f"{v:>15.3f}" for v in ms.values()) +
+              f" {ms['Flower'] / ms['index+poller']:>14.1f}", flush=True)
     link_index.install()
 
 

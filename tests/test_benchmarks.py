@@ -89,8 +89,9 @@ def test_scale(capsys):
 
 
 def test_link_state(capsys):
-    """One pass three ways over two tiny federations: every time is printed, and Flower's
-    over the index's."""
+    """One pass three ways over two tiny federations: every time and Flower's over the
+    index's is printed (a tiny pass can print as 0.000 ms: nothing here gates on time)."""
     load("link_state").main(["--nodes", "10", "50", "--passes", "1"])
     rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
-    assert [row[0] for row in rows] == ["10", "50"] and all(float(v) > 0 for row in rows for v in row[1:])
+    assert [row[0] for row in rows] == ["10", "50"] and all(len(row) == 5 for row in rows)
+    assert all(float(v) >= 0 for row in rows for v in row[1:])
