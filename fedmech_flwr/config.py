@@ -303,31 +303,6 @@ def _check_cross_field(cfg: ExperimentConfig, where: str) -> None:
         )
 
 
-def _cuda() -> bool:
-    """Whether torch sees CUDA here (torch imported only when a GPU share is asked for)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def check_simulated(cfg: ExperimentConfig, where: str) -> None:
-    """The rules of a run on Flower's simulation engine (``fedmech run``, a sweep's cells), not
-    of a deployment: ``device: cuda`` needs GPU shares, since Ray empties
-    ``CUDA_VISIBLE_DEVICES`` in an actor that asks for none (Ray 2.55's default); GPU shares
-    on a private Ray need a GPU here, or Flower starts no client ("ActorPool is empty")."""
-    sim = cfg.simulation
-    if cfg.device == "cuda" and sim.gpus_per_client == 0:
-        raise ConfigError(
-            "device is 'cuda' but simulation.gpus_per_client is 0: Ray hides the GPUs from a client's actor that "
-            "asks for none, so every client would fail; set simulation.gpus_per_client (0.25 runs four clients "
-            "per GPU), or device: auto (the clients on the CPU)", f"{where}simulation.gpus_per_client")
-    if sim.gpus_per_client > 0 and sim.ray_address is None and not _cuda():
-        raise ConfigError(
-            f"simulation.gpus_per_client is {sim.gpus_per_client:g} but this machine has no GPU (torch sees no "
-            "CUDA) for its private Ray to share out, so no client could start; set simulation.gpus_per_client: 0, "
-            "or name a Ray cluster with GPUs in simulation.ray_address", f"{where}simulation.gpus_per_client")
-
-
 def _check_federation(fed: FederationConfig, where: str) -> None:
     if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
         raise ConfigError(

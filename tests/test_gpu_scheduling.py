@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import REPO, SMOKE, smoke_config
-from fedmech_flwr.config import check_simulated
+from fedmech_flwr.experiment import check_simulated
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, _engine, main
 from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop

@@ -91,10 +91,8 @@ def get_message_ins(self: InMemoryLinkState, node_id: int, limit: int | None, *,
     in the same order, the same limit, and the same delivery stamp."""
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")
-    index = self.__dict__.get(_INDEX)
-    if index is None:
-        index = _waiting(self)
-    if node_id not in index:  # most nodes, most of the time: nothing to walk (the engine polls them all)
+    index = _waiting(self)
+    if node_id not in index:  # nothing waits for it
         return []
     message_ins_list = []
     with self.lock:
@@ -123,9 +121,7 @@ def add_messages_to_queue(state: InMemoryLinkState, queue, nodes_mapping: dict[i
     instruction onto the engine's queue, asking only the nodes with one waiting, in the
     order Flower asks them (``nodes_mapping``'s, the registration order)."""
     while not f_stop.is_set():
-        index = state.__dict__.get(_INDEX)
-        if index is None:
-            index = _waiting(state)
+        index = _waiting(state)
         for node_id in sorted((n for n in list(index) if n in nodes_mapping), key=nodes_mapping.__getitem__):
             for msg in state.get_message_ins(node_id=node_id, limit=1):
                 queue.put(msg)

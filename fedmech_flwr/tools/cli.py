@@ -38,10 +38,9 @@ from pathlib import Path
 
 from fedmech_flwr import plugins
 from fedmech_flwr.commands import COMMANDS, Help
-from fedmech_flwr.config import (PARTNERS, PLUGIN_KEYS, ExperimentConfig, check_simulated, differing_keys,
-                                 plugin_registries)
+from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
-from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.experiment import check_simulated, load_experiment
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import (
     APP_DIR,

@@ -56,14 +56,13 @@ from fedmech_flwr import outputs, plugins
 from fedmech_flwr.config import (
     ExperimentConfig,
     apply_overrides,
-    check_simulated,
     differing_keys,
     load_plugins,
     override,
     read_yaml,
 )
 from fedmech_flwr.errors import ConfigError, RunFolderError, brief
-from fedmech_flwr.experiment import parse_experiment
+from fedmech_flwr.experiment import check_simulated, parse_experiment
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
