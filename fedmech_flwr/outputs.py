@@ -161,11 +161,13 @@ def records_of(records: list[dict[str, Any]], source: str) -> list[dict[str, Any
     return [r for r in records if r["kind"] == source or (r["kind"] == "diagnostic" and r.get("name") == source)]
 
 
-def latest(metric: Metric, records: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, str | None] | None:
+def latest(metric: Metric, records: list[dict[str, Any]],
+           at_round: int | None = None) -> tuple[dict[str, Any], Any, str | None] | None:
     """``(record, value, flag)`` of a declared ``metric`` (``record`` filled in) at the last
-    of ``records`` that hold it: value None when undefined (null, NaN, a zero denominator);
-    None when none measured it."""
-    if not (mine := records_of(records, metric.record)):
+    of ``records`` that hold it, or at round ``at_round``: value None when undefined (null,
+    NaN, a zero denominator); None when none measured it (there)."""
+    mine = [r for r in records_of(records, metric.record) if at_round is None or r["round"] == at_round]
+    if not mine:
         return None
     last = max(mine, key=lambda r: r["round"])
     value = lookup(last, metric.path)

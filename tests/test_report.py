@@ -342,6 +342,39 @@ def test_a_resumed_sweep_gives_the_same_summary(tmp_path, sweep_report):
     assert str(tmp_path) not in text and "seconds" not in text and "2025-" not in text
 
 
+def test_every_metric_shows_at_the_rounds_asked_for_beside_the_final(tmp_path, caplog):
+    """--rounds: each group's row at round 1 holds the runs' round-1 values, so a reader sees
+    which effects are transient; an undefined value stays undefined there, and a round no
+    run reached is said to be so, never filled from another round."""
+    runs = [write_run(tmp_path / f"s{seed}", config(seed, federation={"num_clients": 3, "num_rounds": 3}),
+                      accuracy=acc, probe_gap=gap) for seed, acc, gap in ((0, 0.80, 0.10), (1, 0.84, 0.14))]
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "out"), "--rounds", "9,1"]) == 0
+    assert "round 9: no run reached it (the latest round recorded is 3)" in caplog.text
+    stats = json.loads((tmp_path / "out" / "summary.json").read_text())["groups"][0]
+    first, final = stats["at_rounds"]["1"], stats["stats"]
+    assert first["eval.accuracy"]["mean"] == pytest.approx(82.0 * 0.7) and first["eval.accuracy"]["rounds"] == [1]
+    assert first["eval.accuracy"]["half_width"] == pytest.approx(T1 * 0.02 * 0.7 * 100)
+    assert first["misalignment.gaps.probe"]["mean"] == pytest.approx(12.0)
+    assert final["eval.accuracy"]["mean"] == pytest.approx(82.0) and final["eval.accuracy"]["rounds"] == [3]
+    assert (first["circuits.intra_client"]["mean"], first["circuits.intra_client"]["undefined"]) == (None, 2)
+    assert final["circuits.intra_client"]["mean"] == pytest.approx(0.6)
+    assert stats["at_rounds"]["9"] == {}
+    table = (tmp_path / "out" / "report.md").read_text().split("| group | runs | round |")[1]
+    rows = [line.split(" | ")[2:4] for line in table.splitlines()[2:5]]
+    assert rows == [["1", "57.4 ± 17.8 (n=2)"], ["9", "–"], ["final", "82.0 ± 25.4 (n=2)"]]
+
+
+def test_a_round_before_the_first_is_refused_by_name(tmp_path, capsys):
+    run = write_run(tmp_path / "run", config(0))
+    for bad in ("0", "3,ten", "3 10"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["report", str(run), "--out", str(tmp_path / "out"), "--rounds", bad])
+        assert exit_.value.code == 2 and f"expected rounds from 1 like 3,10, got {bad!r}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"rounds must be whole numbers from 1 .*got 0, -1 in fedmech report --rounds"):
+        write_report([run], tmp_path / "out", rounds=[0, -1, 2])
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_folders_are_grouped_by_config_and_named_by_what_differs(tmp_path):
     for seed in (0, 1):
         write_run(tmp_path / f"dir_{seed}", config(seed, name=f"exp-{seed}"), accuracy=0.5 + 0.1 * seed)

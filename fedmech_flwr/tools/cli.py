@@ -370,7 +370,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedmech_flwr.tools.report import write_report
 
-    print(printable(f"Report: {write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin)}"))
+    index = write_report(args.paths, args.out, args.paper, extra_plugins=args.plugin, rounds=args.rounds)
+    print(printable(f"Report: {index}"))
     return EXIT_OK
 
 
@@ -386,6 +387,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(printable(f"Exported without its plug-ins' metrics: {problem}"), file=sys.stderr)
     print(printable(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}"))
     return EXIT_OK
+
+
+def _rounds(text: str) -> list[int]:
+    try:
+        rounds = [int(r) for r in text.split(",")]
+    except ValueError:
+        rounds = [0]
+    if min(rounds) < 1:
+        raise argparse.ArgumentTypeError(f"expected rounds from 1 like 3,10, got {text!r}")
+    return rounds
 
 
 def _seeds(text: str) -> list[int]:
@@ -542,11 +553,12 @@ HELP = {
     "report": Help(
         "one page (HTML, Markdown, summary.json) over a sweep folder or run folders",
         "Group runs that differ only in seed, and write one page: the headline figure, the protocol beside "
-        "the paper's, each declared metric's table (mean and 95% interval over seeds, flags with their seed "
-        "counts), curves, per-class figures, the published values checked in direction, a leaderboard and "
-        "the runs' provenance; plus report.md and summary.json.",
+        "the paper's, each declared metric's table (mean and 95% interval over seeds at the final round, and "
+        "at the rounds --rounds names; flags with their seed counts), curves, per-class figures, the "
+        "published values checked in direction, a leaderboard and the runs' provenance; plus report.md and "
+        "summary.json.",
         ("0  written", "2  nothing to report on, or a damaged file"),
-        ("fedmech report ~/fedmech-runs/misalign-v2-cpu --out report/",
+        ("fedmech report ~/fedmech-runs/leaderboard-cpu --out report/ --rounds 3,10",
          "fedmech report RUN_A RUN_B RUN_C --out report/ --paper my_values.yaml")),
     "export": Help(
         "every declared metric of a sweep folder or run folders as one tidy CSV table",
@@ -657,6 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the report goes")
     p.add_argument("--paper", type=Path, metavar="FILE", default=PAPER_VALUES,
                    help="published values to show next to matching groups (default: experiments/paper/values.yaml)")
+    p.add_argument("--rounds", type=_rounds, default=[], metavar="R,R",
+                   help="also show every metric at these comma-separated rounds, beside the final one (e.g. 3,10)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
     p = _add_command(sub, "export", cmd_export)

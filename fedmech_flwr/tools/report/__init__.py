@@ -3,13 +3,13 @@
 Runs whose configs differ only by their seed form a group. For each group the report gives
 the mean ± 95% confidence interval (Student t over seeds, n shown) of every declared metric
 (``fedmech_flwr.outputs``: the global model's, each diagnostic's and the strategy's) at
-each run's final round, with the flags of its validity rule: the declared skew figure
-first, each group's protocol beside the paper's, per-round curves with seed bands,
-per-class recall heatmaps, a strategy leaderboard (when strategies or clients vary),
-published values held against the groups they describe (``fedmech_flwr.tools.published``), and
-where every run came from. Each run's recorded ``plugins:`` are imported first. Only
-completed runs enter the statistics; running, failed and pending runs are listed with their
-status and error.
+each run's final round (and at the rounds ``--rounds`` asks for), with the flags of its
+validity rule: the declared skew figure first, each group's protocol beside the paper's,
+per-round curves with seed bands, per-class recall heatmaps, a strategy leaderboard (when
+strategies or clients vary), published values held against the groups they describe
+(``fedmech_flwr.tools.published``), and where every run came from. Each run's recorded
+``plugins:`` are imported first. Only completed runs enter the statistics; running,
+failed and pending runs are listed with their status and error.
 
 Writes into DIR::
 
@@ -57,9 +57,14 @@ INDEX_FILE, MARKDOWN_FILE, SUMMARY_FILE, PLOTS_DIR = "index.html", "report.md", 
 
 
 def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str | Path | None = None,
-                 confidence: float = 0.95, extra_plugins: list[str] = ()) -> Path:
+                 confidence: float = 0.95, extra_plugins: list[str] = (), rounds: list[int] = ()) -> Path:
     """Write index.html, report.md, plots/ and summary.json for a sweep folder or run
-    folders into ``out_dir``; return the path of index.html."""
+    folders into ``out_dir``; return the path of index.html. ``rounds``: also show every
+    metric at these rounds, beside the final one (is an effect transient?)."""
+    if bad := [r for r in rounds if isinstance(r, bool) or not isinstance(r, int) or r < 1]:
+        raise ConfigError(f"rounds must be whole numbers from 1 (round 0 is the model before training), got "
+                          f"{', '.join(map(repr, bad))}", "fedmech report --rounds")
+    rounds = sorted(set(rounds))
     paths = [Path(p).expanduser().resolve() for p in paths]
     out_dir = Path(out_dir).expanduser().resolve()
     manifest, runs = read_inputs(paths)
@@ -73,6 +78,12 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     metrics = metrics_of(outputs)
     for group in groups:
         group.stats = {k: s for k, m in metrics.items() if (s := group_stat(m, group.completed, confidence))}
+        group.at_rounds = {r: {k: s for k, m in metrics.items() if (s := group_stat(m, group.completed, confidence, r))}
+                           for r in rounds}
+    last = max((r["round"] for run in runs for r in run.records), default=0)
+    for r in rounds:
+        if r > last:
+            log.warning("round %d: no run reached it (the latest round recorded is %d)", r, last)
     paper = read_paper_values(Path(paper_file), metrics) if paper_file else None
     comparisons, unmatched = compare(paper, groups) if paper else ([], [])
     plots = out_dir / PLOTS_DIR

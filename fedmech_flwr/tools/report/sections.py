@@ -95,16 +95,27 @@ def _protocol_section(groups: list[Group], paper: PaperValues | None, comparison
 
 def _metric_tables(groups: list[Group], outputs: dict[str, Outputs]) -> list[Section]:
     """One table per declaration (``outputs``: the declared ones and those the records
-    hold undeclared, under their generic heading) of the metrics some group measured."""
+    hold undeclared, under their generic heading) of the metrics some group measured;
+    with rounds asked for (``Group.at_rounds``), a row per group and round, then final."""
     sections = []
+    rounds = sorted({r for g in groups for r in g.at_rounds})
     for name, declared_here in outputs.items():
         metrics = metrics_of({name: declared_here})
         keys = [k for k in metrics if any(k in g.stats for g in groups)]
         if not keys:
             continue
-        header = ["group", "runs", *[metrics[k].heading for k in keys]]
-        rows = [[g.label, g.runs_text, *[format_stat(metrics[k], g.stats.get(k)) for k in keys]] for g in groups]
-        sections.append(Section(declared_here.title, [Table(header, rows)]))
+        if not rounds:
+            header = ["group", "runs", *[metrics[k].heading for k in keys]]
+            rows = [[g.label, g.runs_text, *[format_stat(metrics[k], g.stats.get(k)) for k in keys]] for g in groups]
+            sections.append(Section(declared_here.title, [Table(header, rows)]))
+            continue
+        header = ["group", "runs", "round", *[metrics[k].heading for k in keys]]
+        rows = [[g.label, g.runs_text, str(r) if r else "final",
+                 *[format_stat(metrics[k], (g.at_rounds.get(r) if r else g.stats).get(k)) for k in keys]]
+                for g in groups for r in (*rounds, None)]
+        sections.append(Section(declared_here.title, [
+            f"Each group at rounds {', '.join(map(str, rounds))} and at its runs' final round (–: not measured "
+            "at that round).", Table(header, rows)]))
     return sections
 
 

@@ -1,7 +1,8 @@
 """The report's groups and statistics: runs that differ only by seed form a group, and
 each declared metric of a group is its runs' mean ± confidence interval at their final
-rounds (``group_stat``), with its undefined values counted and its flags counted per flag;
-and how groups relate (a label-skewed group's IID control, a dense control)."""
+rounds or at a given round (``group_stat``), with its undefined values counted and its
+flags counted per flag; and how groups relate (a label-skewed group's IID control, a
+dense control)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ class Group:
     """The runs' config without ``NOT_COMPARED`` keys."""
     runs: list[FolderRun]
     stats: dict[str, Stat] = field(default_factory=dict)
+    at_rounds: dict[int, dict[str, Stat]] = field(default_factory=dict)
+    """The same statistics at the rounds the report was asked for (``--rounds``)."""
 
     @property
     def completed(self) -> list[FolderRun]:
@@ -140,14 +143,16 @@ def make_groups(manifest: dict[str, Any] | None, runs: list[FolderRun]) -> list[
     return sorted(groups, key=lambda g: g.label)
 
 
-def group_stat(metric: Metric, runs: list[FolderRun], confidence: float = 0.95) -> Stat | None:
-    """``metric`` at each run's last record holding it, over the runs; None when no run
-    measured it. Undefined values are counted, never averaged; flagged values are
-    averaged and counted per flag, so that every place showing the mean can say so."""
+def group_stat(metric: Metric, runs: list[FolderRun], confidence: float = 0.95,
+               at_round: int | None = None) -> Stat | None:
+    """``metric`` at each run's last record holding it (or at round ``at_round``), over the
+    runs; None when no run measured it. Undefined values are counted, never averaged;
+    flagged values are averaged and counted per flag, so that every place showing the
+    mean can say so."""
     values, undefined, empty, rounds, flags = {}, 0, 0, set(), defaultdict(int)
     measured = False
     for run in runs:
-        if (found := latest(metric, run.records)) is None:
+        if (found := latest(metric, run.records, at_round)) is None:
             continue
         measured = True
         last, value, flag = found

@@ -126,7 +126,7 @@ def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: l
 
     return {
         "confidence": confidence,
-        "interval": "Student t over seeds at each run's final round; completed runs only",
+        "interval": "Student t over seeds at each run's final round (at_rounds: at that round); completed runs only",
         "degenerate_fraction": DEGENERATE_FRACTION,
         "metrics": {k: {"label": m.label, "unit": m.unit, "record": m.record, "path": ".".join(m.path)}
                     for k, m in (declared() if metrics is None else metrics).items()},
@@ -136,6 +136,7 @@ def summary(manifest: dict[str, Any] | None, groups: list[Group], comparisons: l
             "group": g.label, "axes": g.axes, "runs": len(g.runs), "completed": len(g.completed),
             "partial": g.partial, "cells": [{"name": r.name, "seed": r.seed, "status": r.status} for r in g.runs],
             "stats": {k: stat(s) for k, s in g.stats.items()},
+            "at_rounds": {str(r): {k: stat(s) for k, s in stats.items()} for r, stats in g.at_rounds.items()},
         } for g in groups],
         "paper": [{
             **published(c.paper), "group": c.group.label, "ours": stat(c.stat), "same_protocol": c.same_protocol,
