@@ -104,41 +104,83 @@ def heatmap(
     return save_figure(fig, path)
 
 
-def band_plot(
-    lines: dict[str, list[tuple[int, float, float, float]]], title: str, ylabel: str, path: Path,
-    ylim: tuple[float, float] | None = None, flagged: dict[str, set[int]] | None = None, flag_label: str = "flagged",
-) -> Path:
-    """One line per series of (round, mean, low, high) points with the band low..high
-    shaded; when every series has one and the same round, side-by-side error bars instead
-    (a band of one point has no width). Points at ``flagged[series]`` rounds are ringed in
-    red (``flag_label`` in the legend). The legend sits to the right of the axes, so long
-    labels stay readable."""
-    fig = Figure(figsize=(9.5, 4.4), layout="constrained")
-    ax = fig.subplots()
+Bands = dict[str, list[tuple[int, float, float, float]]]
+"""Series of (round, mean, low, high) points by label."""
+
+
+def _draw_bands(ax, lines: Bands, flagged: dict[str, set[int]], flag_label: str,
+                colours: dict[str, Any] | None = None) -> None:
+    """``lines`` on ``ax``, each with its band low..high shaded; side-by-side error bars
+    when every series has one and the same round (a band of one point has no width);
+    points at ``flagged[series]`` rounds ringed in red, labelled once."""
     single = len({point[0] for series in lines.values() for point in series}) == 1
-    any_ringed = False
+    ringed_once = False
     for i, (label, points) in enumerate(lines.items()):
         rounds, mean, low, high = (np.array(v, dtype=float) for v in zip(*sorted(points)))
+        colour = {"color": colours[label]} if colours else {}
         x = rounds + 0.6 * ((i + 0.5) / len(lines) - 0.5) if single else rounds
         if single:
-            ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", markersize=4, capsize=3, label=label)
+            ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o", markersize=4, capsize=3, label=label, **colour)
         else:
-            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
+            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label, **colour)
             ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        ringed = np.isin(rounds, sorted((flagged or {}).get(label, ())))
+        ringed = np.isin(rounds, sorted(flagged.get(label, ())))
         if ringed.any():
             ax.plot(x[ringed], mean[ringed], "o", markersize=10, markerfacecolor="none", markeredgecolor="red",
-                    markeredgewidth=1.5, label=flag_label if not any_ringed else None)
-            any_ringed = True
-    ax.set(title=title, xlabel="round", ylabel=ylabel)
+                    markeredgewidth=1.5, label=None if ringed_once else flag_label)
+            ringed_once = True
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     rounds = {points[0] for series in lines.values() for points in series}
     if len(rounds) == 1:  # one round: give the axis integer ticks around it
         ax.set_xlim(min(rounds) - 1, min(rounds) + 1)
+    ax.grid(alpha=0.3)
+
+
+def band_plot(lines: Bands, title: str, ylabel: str, path: Path, ylim: tuple[float, float] | None = None,
+              flagged: dict[str, set[int]] | None = None, flag_label: str = "flagged") -> Path:
+    """One line per series of (round, mean, low, high) points with the band low..high
+    shaded (``_draw_bands``). The legend sits to the right of the axes, so long labels stay
+    readable."""
+    fig = Figure(figsize=(9.5, 4.4), layout="constrained")
+    ax = fig.subplots()
+    _draw_bands(ax, lines, flagged or {}, flag_label)
+    ax.set(title=title, xlabel="round", ylabel=ylabel)
     if ylim:
         ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return save_figure(fig, path)
+
+
+def band_panels(panels: dict[str, Bands], title: str, ylabel: str, path: Path, ylim: tuple[float, float] | None = None,
+                flagged: dict[tuple[str, str], set[int]] | None = None, flag_label: str = "flagged") -> Path:
+    """Small multiples: one panel per entry of ``panels`` (e.g. a method), each with its
+    series (e.g. IID and alpha 0.05) drawn as ``band_plot`` draws them, a series' colour
+    the same in every panel, the y axis shared, one legend."""
+    labels = list(dict.fromkeys(label for lines in panels.values() for label in lines))
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    columns = min(4, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig = Figure(figsize=(2.9 * columns + 0.6, 2.3 * rows + 0.9), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False).ravel())
+    for ax, (name, lines) in zip(axes, panels.items()):
+        ringed = {label: rounds for (panel, label), rounds in (flagged or {}).items() if panel == name}
+        _draw_bands(ax, lines, ringed, flag_label, colours)
+        ax.set_title(name, fontsize=9)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    if ylim:
+        axes[0].set_ylim(*ylim)
+    for ax in axes.reshape(rows, columns)[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in axes.reshape(rows, columns)[-1]:
+        ax.set_xlabel("round")
+    handles = {}
+    for ax in axes[: len(panels)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(6, len(handles)), fontsize=8,
+               frameon=False)
+    fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
 
 

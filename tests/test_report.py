@@ -589,8 +589,8 @@ class Geometry(Diagnostic):
 
 
 @STRATEGIES.register("{name}_krum", GeometryConfig, outputs=Outputs("Krum", {{
-    "krum_selected": Metric("clients Krum selected", ("krum_selected",), "clients", 0),
-}}, headline=("krum_selected",)))
+    "{name}_selected": Metric("clients Krum selected", ("{name}_selected",), "clients", 0),
+}}, headline=("{name}_selected",)))
 def krum(**kwargs):
     raise NotImplementedError
 '''
@@ -600,7 +600,9 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
     """A diagnostic and a strategy from a package outside the repository, named by the
     runs' plugins:, appear in the report's tables, curves, leaderboard and summary.json,
     and in `fedmech plot`, with no core edit; a run whose plug-in is gone is named."""
-    name = "own" + str(abs(hash(str(tmp_path))) % 10**6)  # registries are per process: a fresh name
+    # registries are per process: fresh names, also for the strategy record's keys, which every
+    # registered strategy's outputs declare (test_outputs records an undeclared krum_selected)
+    name = "own" + str(abs(hash(str(tmp_path))) % 10**6)
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab" / f"{name}.py").write_text(PLUGIN.format(name=name))
     monkeypatch.syspath_prepend(str(tmp_path / "lab"))
@@ -612,7 +614,7 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
             for r in (1, 2, 3):
                 fh.write(json.dumps({"kind": "diagnostic", "round": r, "name": f"{name}_geometry",
                                      "mean": {"cosine": cosine * r / 3, "clients": 3 if seed else 0}}) + "\n")
-                fh.write(json.dumps({"kind": "strategy", "round": r, "krum_selected": 2}) + "\n")
+                fh.write(json.dumps({"kind": "strategy", "round": r, f"{name}_selected": 2}) + "\n")
         runs.append(run)
     gone = write_run(tmp_path / "gone", {**config(2), "plugins": [f"{name}_missing"]})
     write_report([*runs, gone], tmp_path / "out")
@@ -620,7 +622,7 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
     stats = next(g for g in summary["groups"] if g["completed"] == 2)["stats"]
     assert stats[f"{name}_geometry.cosine"]["mean"] == pytest.approx(0.6)
     assert stats[f"{name}_geometry.cosine"]["flags"] == {"no clients": 1}
-    assert stats["strategy.krum_selected"]["mean"] == pytest.approx(2.0)
+    assert stats[f"strategy.{name}_selected"]["mean"] == pytest.approx(2.0)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Update geometry" in md and "0.60 ± " in md and "⚑ no clients in 1/2 seeds" in md
     assert "## Strategy metrics" in md and "clients Krum selected" in md
@@ -702,3 +704,23 @@ def test_identical_curves_share_one_line_and_one_legend_entry(tmp_path, monkeypa
     [ax] = fig.axes
     assert [line.get_label() for line in ax.get_lines()] == ["realigned = realigned test selected", "probe"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["realigned = realigned test selected", "probe"]
+
+
+def test_curves_put_each_method_beside_its_own_control_in_one_panel(tmp_path, monkeypatch):
+    """Groups that differ in their skew and their method: one panel per method, a line per
+    skew level in the same colour in every panel, one legend; a flagged seed is ringed in
+    its own panel only."""
+    from fedmech_flwr import plotting
+
+    drawn, real = {}, plotting.save_figure
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: real(drawn.setdefault(path.name, fig), path))
+    write_report([make_sweep(tmp_path / "sweep")], tmp_path / "out")
+    fig = drawn["eval_accuracy.png"]
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert list(panels) == ["fedavg", "fedprox"]
+    colours = {title: {line.get_label(): line.get_color() for line in ax.get_lines()} for title, ax in panels.items()}
+    assert list(colours["fedavg"]) == ["IID", "α=0.05", "one class (ringed)"]  # dir_fedavg_s0 is a one-class model
+    assert list(colours["fedprox"]) == ["α=0.05"]
+    assert colours["fedprox"]["α=0.05"] == colours["fedavg"]["α=0.05"] != colours["fedavg"]["IID"]
+    [legend] = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["IID", "α=0.05", "one class (ringed)"]

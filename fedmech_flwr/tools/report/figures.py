@@ -15,7 +15,7 @@ import numpy as np
 
 from fedmech_flwr.config import flatten_plain
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, per_class_values
-from fedmech_flwr.plotting import LevelPanel, band_plot, heatmap, level_plot
+from fedmech_flwr.plotting import LevelPanel, band_panels, band_plot, heatmap, level_plot
 from fedmech_flwr.run_reader import FolderRun
 from fedmech_flwr.stats import mean_ci
 from fedmech_flwr.tools.published import PaperValues
@@ -72,32 +72,63 @@ def _file_name(stem: str, part: int, parts: int) -> str:
 
 
 def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
-    """Per-round curves of the completed runs, one line per group, with seed bands and
-    flagged rounds ringed; none for a metric measured at fewer than ``MIN_CURVE_ROUNDS``."""
+    """Per-round curves of the completed runs with seed bands and flagged rounds ringed;
+    none for a metric measured at fewer than ``MIN_CURVE_ROUNDS``. One line per group, or,
+    where groups differ in their label skew and in more, one panel per rest (a method) with
+    a line per skew level, so each group sits beside its own control."""
     out = []
     metrics = declared()
+    panels: dict[str, list[Group]] = defaultdict(list)
+    for group in groups:
+        panels[_without_skew(group.config)].append(group)
+    by_panel = len(panels) > 1 and any(len(members) > 1 for members in panels.values())
     for key in (f"{record}.{k}" for record, outputs in declarations().items() for k in outputs.curves):
         metric, stem = metrics[key], key.replace(".", "_")
+        title, ylabel = f"{metric.label} ({metric.unit}) over rounds, mean over seeds", f"{metric.label} ({metric.unit})"
         lines, flags = {}, {}
         for group in groups:
             points, n, flagged = _series(metric, group.completed)
             if points:
                 band = "95% CI" if n >= 2 else "min–max"
-                label = _wrap(f"{group.label} (n={n}, {band})", 48)
+                label = (_panel_title(group), f"{skew_level(group.config)[1]}{_pruning(group)}") if by_panel \
+                    else _wrap(f"{group.label} (n={n}, {band})", 48)
                 lines[label], flags[label] = points, flagged
         if max((len(points) for points in lines.values()), default=0) < MIN_CURVE_ROUNDS:
             continue
+        if by_panel:
+            grid: dict[str, dict[str, Any]] = defaultdict(dict)
+            for (panel, line), points in lines.items():
+                grid[panel][line] = points
+            ringed = {label: set(flagged) for label, flagged in flags.items() if flagged}
+            path = band_panels(dict(grid), title, ylabel, plots / f"{stem}.png", metric.limits, flagged=ringed,
+                               flag_label=_flag_label(flags.values()))
+            out.append((path, title + "; bands: 95% CI (min–max with one seed), n in the tables"))
+            continue
         chunks = _chunks(list(lines.items()))
         for part, chunk in enumerate(chunks, 1):
-            title = f"{metric.label} ({metric.unit}) over rounds, mean over seeds"
-            title += f" ({part} of {len(chunks)})" if len(chunks) > 1 else ""
-            ylabel = f"{metric.label} ({metric.unit})"
+            part_title = title + (f" ({part} of {len(chunks)})" if len(chunks) > 1 else "")
             flagged = {label: set(flags[label]) for label, _ in chunk if flags[label]}
-            names = sorted({name for label, _ in chunk for name in flags[label].values()})
-            path = band_plot(dict(chunk), title, ylabel, plots / _file_name(stem, part, len(chunks)), metric.limits,
-                             flagged=flagged, flag_label=", ".join(names) + " (ringed)")
-            out.append((path, title))
+            path = band_plot(dict(chunk), part_title, ylabel, plots / _file_name(stem, part, len(chunks)),
+                             metric.limits, flagged=flagged, flag_label=_flag_label(flags[label] for label, _ in chunk))
+            out.append((path, part_title))
     return out
+
+
+def _flag_label(flags) -> str:
+    """The legend entry of the ringed points: the flags they carry (``one class (ringed)``)."""
+    return ", ".join(sorted({name for flagged in flags for name in flagged.values()})) + " (ringed)"
+
+
+def _panel_title(group: Group) -> str:
+    """A group's axes but its label skew and pruning: what its panel compares."""
+    rest = [v for k, v in group.axes.items() if "data.partition" not in k and "pruning.mode" not in k]
+    return _wrap(", ".join(rest) or group.label, 40)
+
+
+def _pruning(group: Group) -> str:
+    """``, dense`` or ``, magnitude`` where pruning is an axis of the groups, else empty."""
+    mode = next((v for k, v in group.axes.items() if "pruning.mode" in k), None)
+    return f", {mode}" if mode else ""
 
 
 def _without_skew(config: dict[str, Any]) -> str:
