@@ -161,19 +161,21 @@ def band_panels(panels: dict[str, Bands], title: str, ylabel: str, path: Path, y
     columns = min(4, len(panels))
     rows = math.ceil(len(panels) / columns)
     fig = Figure(figsize=(2.9 * columns + 0.6, 2.3 * rows + 0.9), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False).ravel())
+    axes = fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False).ravel()
     for ax, (name, lines) in zip(axes, panels.items()):
         ringed = {label: rounds for (panel, label), rounds in (flagged or {}).items() if panel == name}
         _draw_bands(ax, lines, ringed, flag_label, colours)
         ax.set_title(name, fontsize=9)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
     if ylim:
         axes[0].set_ylim(*ylim)
-    for ax in axes.reshape(rows, columns)[:, 0]:
-        ax.set_ylabel(ylabel, fontsize=8)
-    for ax in axes.reshape(rows, columns)[-1]:
-        ax.set_xlabel("round")
+    for i, ax in enumerate(axes):
+        if i % columns == 0:
+            ax.set_ylabel(ylabel, fontsize=8)
+        if i >= len(panels):
+            ax.set_visible(False)
+        elif i + columns >= len(panels):  # the lowest panel of its column: its round axis is read
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("round")
     handles = {}
     for ax in axes[: len(panels)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
