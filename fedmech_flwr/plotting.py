@@ -180,6 +180,7 @@ def band_panels(panels: dict[str, Bands], title: str, ylabel: str, path: Path, y
     for ax in axes[: len(panels)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
+    handles = {label: handles[label] for label in sorted(handles, key=lambda label: label == flag_label)}  # rings last
     fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(6, len(handles)), fontsize=8,
                frameon=False)
     fig.suptitle(title, fontsize=10)

@@ -724,3 +724,18 @@ def test_curves_put_each_method_beside_its_own_control_in_one_panel(tmp_path, mo
     assert colours["fedprox"]["α=0.05"] == colours["fedavg"]["α=0.05"] != colours["fedavg"]["IID"]
     [legend] = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == ["IID", "α=0.05", "one class (ringed)"]
+
+
+def test_the_panels_legend_lists_every_series_before_the_rings(tmp_path, monkeypatch):
+    """A ring in the first panel and a series first seen in the second: the legend still
+    reads series, then rings."""
+    from fedmech_flwr import plotting
+
+    drawn, real = [], plotting.save_figure
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path: real(drawn.append(fig) or fig, path))
+    points = [(r, 50.0 + r, 48.0 + r, 52.0 + r) for r in (0, 5, 10)]
+    plotting.band_panels({"fedavg": {"IID": points}, "fedetf": {"IID": points, "α=0.05": points}}, "accuracy",
+                         "accuracy (%)", tmp_path / "panels.png", flagged={("fedavg", "IID"): {5}},
+                         flag_label="one class (ringed)")
+    [fig] = drawn
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["IID", "α=0.05", "one class (ringed)"]
