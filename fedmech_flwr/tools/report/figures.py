@@ -89,9 +89,8 @@ def plot_curves(groups: list[Group], plots: Path) -> list[tuple[Path, str]]:
         for group in groups:
             points, n, flagged = _series(metric, group.completed)
             if points:
-                band = "95% CI" if n >= 2 else "min–max"
                 label = (_panel_title(group), f"{skew_level(group.config)[1]}{_pruning(group)}") if by_panel \
-                    else _wrap(f"{group.label} (n={n}, {band})", 48)
+                    else _wrap(f"{group.label} (n={n}, {'95% CI' if n >= 2 else 'min–max'})", 48)
                 lines[label], flags[label] = points, flagged
         if max((len(points) for points in lines.values()), default=0) < MIN_CURVE_ROUNDS:
             continue
