@@ -17,7 +17,7 @@ as weight decay alpha and the linear term as alpha <theta, -theta^{t-1} + sum of
 client's past moves>), the same h_k and server updates. Theirs also clips every gradient at
 norm 10 (in every method of that code, FedAvg's too) and scales alpha per client by its
 share of the data (alpha / (n_k / mean n)); neither is in the paper's Algorithm 1, nor here.
-Their local steps are plain SGD, which the strategy requires (``strategies.feddyn.plain_sgd``).
+Their local steps are plain SGD, which the strategy requires.
 """
 
 from __future__ import annotations

@@ -12,12 +12,7 @@ is subtracted so the recorded loss starts at the cross-entropy), so the shared t
 loop runs it.
 
 Option II assumes plain SGD, where (x - y) / (K eta_l) is the mean corrected gradient of
-the K steps. With heavy-ball momentum rho (``train.momentum``), which also carries the
-correction, K becomes ||a||_1 = (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho), the weight
-momentum gives the K gradients together (FedNova's, ``a_norm`` of ``fedmech_flwr.api``; K for
-rho = 0): c_i+ is then their momentum-weighted mean. Dividing by K instead, as libraries
-that allow momentum do (NIID-Bench), overestimates c_i up to 1 / (1 - rho) times; with the
-correction inside the momentum, the smoke experiment diverged that way at rho = 0.9.
+the K steps; the strategy refuses any other local optimiser (``strategies.scaffold``).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient, a_norm
+from fedmech_flwr.api import CLIENTS, FedMechClient
 
 CONTROL = "scaffold-c"
 """The ArrayRecord of the train message holding the server's control variate c."""
@@ -50,7 +45,7 @@ class ScaffoldClient(FedMechClient):
         self.anchor = {name: p.detach().clone() for name, p in params.items()}
         self.correction = {name: torch.tensor(c[name] - c_i[name], device=p.device) for name, p in params.items()}
         weights, num_examples, metrics = super().fit(parameters, config)
-        scale = 1.0 / (a_norm(self.steps, self.train_cfg.momentum) * self.train_cfg.lr)  # 1 / (K eta_l) at rho = 0
+        scale = 1.0 / (self.steps * self.train_cfg.lr)  # 1 / (K eta_l)
         new = {}
         for name, p in self.model.named_parameters():
             moved = (self.anchor[name].double() - p.detach().double()).cpu().numpy()  # x - y

@@ -23,7 +23,7 @@ What is here, by role:
   Flower step) with its ``FedAvgConfig``, ``StrategyContext``, ``OFFERED_NODES_ONLY``,
   ``uploaded`` (what a paired client uploads), ``parameter_names``, the client queries'
   ``QueryContext`` and ``query_nodes``, ``ReportsAnotherModel``; the ready-made checks
-  ``sgd_only``, ``dense_only``, ``all_of``.
+  ``sgd_only``, ``plain_sgd_only``, ``dense_only``, ``all_of``.
 - **diagnostics**: ``Diagnostic`` and its contexts ``RoundState`` (server side),
   ``ClientContext`` and ``GlobalContext`` (client side), ``DiagnosticResult``,
   ``ClientUpdate``, ``decode_results`` (another diagnostic's compact results, by name: how
@@ -69,7 +69,7 @@ from fedmech_flwr.arrays import (
     to_record,
     weighted_mean,
 )
-from fedmech_flwr.checks import Check, all_of, dense_only, sgd_only
+from fedmech_flwr.checks import Check, all_of, dense_only, plain_sgd_only, sgd_only
 from fedmech_flwr.client import CLIENTS, ClientData, FedMechClient
 from fedmech_flwr.commands import COMMANDS, Command, Help
 from fedmech_flwr.config import ExperimentConfig, apply_overrides, plugin_registries
@@ -152,7 +152,7 @@ __all__ = [
     # strategies
     "FedAvgConfig", "OFFERED_NODES_ONLY", "QueryContext", "REPORT_KEY", "ReportsAnotherModel", "SENT_ACCURACY",
     "SENT_LOSS", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes", "uploaded", "weighted_fedavg",
-    "Check", "all_of", "dense_only", "sgd_only",
+    "Check", "all_of", "dense_only", "plain_sgd_only", "sgd_only",
     # diagnostics
     "ClientContext", "ClientUpdate", "Clock", "Diagnostic", "DiagnosticResult", "GlobalContext", "Resumable",
     "RoundState", "decode_results",

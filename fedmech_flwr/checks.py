@@ -26,6 +26,17 @@ def sgd_only(method: str, why: str) -> Check:
     return check
 
 
+def plain_sgd_only(method: str, why: str) -> Check:
+    """A ``check`` refusing any local optimizer but SGD without momentum: ``method`` takes
+    plain SGD steps ``why`` (the reason, with the evidence)."""
+    def check(params: object, cfg: ExperimentConfig, data: DataInfo, where: str) -> None:
+        if cfg.train.optimizer != "sgd" or cfg.train.momentum != 0:
+            raise ConfigError(f"{method} takes plain SGD steps, {why}, but train.optimizer is {cfg.train.optimizer} "
+                              f"with train.momentum {cfg.train.momentum}; set train.optimizer=sgd and "
+                              "train.momentum=0", where)
+    return check
+
+
 def dense_only(method: str, state: str) -> Check:
     """A ``check`` refusing magnitude pruning: ``method`` updates its ``state`` from the
     clients' moves, which would count the weights the pruner zeroed as training steps."""

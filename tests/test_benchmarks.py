@@ -95,3 +95,19 @@ def test_link_state(capsys):
     rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
     assert [row[0] for row in rows] == ["10", "50"] and all(len(row) == 5 for row in rows)
     assert all(float(v) >= 0 for row in rows for v in row[1:])
+
+
+def test_scaffold_agrees_with_niid_benchs_rule_written_independently(capsys):
+    """3 IID rounds of plain SGD: fedmech's SCAFFOLD and NIID-Bench's, side by side, agree
+    to float rounding in accuracy, loss and the norm of c (a wrong sign or scale of the
+    correction, of c_i+ or of c's update moves all three in the first rounds)."""
+    module = load("scaffold_reference")
+    module.main([*TINY, "--set", "data.audit_per_class=10", "--set", "federation.num_rounds=3",
+                 "--set", "train.max_samples_per_round=null"])
+    rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    assert [row[0] for row in rows] == ["1", "2", "3"]
+    for row in rows:
+        ours, theirs = [float(v) for v in row[1:4]], [float(v) for v in row[4:7]]
+        assert ours[0] == pytest.approx(theirs[0], abs=0.011)  # at most one of 100 test images
+        assert ours[1:] == pytest.approx(theirs[1:], rel=1e-4)
+        assert ours[2] > 0

@@ -66,19 +66,12 @@ def filled(client: FedMechClient, value: float) -> dict[str, np.ndarray]:
     return {name: np.full(tuple(p.shape), value, np.float32) for name, p in client.model.named_parameters()}
 
 
-@pytest.mark.parametrize(("momentum", "trained", "c_plus"), [
-    # rho = 0: w1 = 1 - 0.1 (1 * 1 + 0.5) = 0.85, w2 = 0.85 - 0.1 (0.85 + 0.5) = 0.715;
-    # c_i+ = c_i - c + (1 - 0.715) / (K=2 * 0.1) = -0.5 + 1.425 = 0.925, the mean of the
-    # local gradients wd * w at w0, w1: (1 + 0.85) / 2.
-    (0.0, 0.715, 0.925),
-    # rho = 0.5: buf2 = 0.5 * 1.5 + 1.35 = 2.1, w2 = 0.85 - 0.21 = 0.64; ||a||_1 = 1.5 + 1 = 2.5;
-    # c_i+ = -0.5 + 0.36 / (2.5 * 0.1) = 0.94 = (1.5 * 1 + 1 * 0.85) / 2.5, the momentum-weighted mean.
-    (0.5, 0.64, 0.94),
-])
-def test_scaffold_client_takes_corrected_steps_and_updates_its_control_variate(momentum, trained, c_plus):
+def test_scaffold_client_takes_corrected_steps_and_updates_its_control_variate():
     """Every weight starts at 1 with local loss (wd / 2) w^2 (wd = 1), c = 0.2, c_i = -0.3:
-    each step moves by lr (wd * w + c - c_i) = 0.1 (w + 0.5)."""
-    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=momentum, weight_decay=1.0, epochs=1, batch_size=12)
+    each step moves by lr (wd * w + c - c_i) = 0.1 (w + 0.5): w1 = 1 - 0.1 (1 + 0.5) = 0.85,
+    w2 = 0.85 - 0.1 (0.85 + 0.5) = 0.715; c_i+ = c_i - c + (1 - 0.715) / (K=2 * 0.1) = -0.5 +
+    1.425 = 0.925, the mean of the local gradients wd * w at w0, w1: (1 + 0.85) / 2."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=1.0, epochs=1, batch_size=12)
     probe = make_client(BareScaffold, train)
     c, c_i = filled(probe, 0.2), filled(probe, -0.3)
     client = make_client(BareScaffold, train, state=c_i, received={CONTROL: c})
@@ -86,10 +79,10 @@ def test_scaffold_client_takes_corrected_steps_and_updates_its_control_variate(m
     weights, _, _ = client.fit(list(start.values()), {"server-round": 1})
     assert client.steps == 2
     for name, value in zip(start, weights):
-        np.testing.assert_allclose(value, trained, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(value, 0.715, rtol=1e-5, err_msg=name)
     for name in c:
-        np.testing.assert_allclose(client.state[name], c_plus, rtol=1e-5)
-        np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], c_plus + 0.3, rtol=1e-5)
+        np.testing.assert_allclose(client.state[name], 0.925, rtol=1e-5)
+        np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], 0.925 + 0.3, rtol=1e-5)
         assert client.state[name].dtype == client.upload[DELTA_CONTROL][name].dtype == np.float32
 
 
@@ -341,10 +334,9 @@ def test_registered_factory_trains_every_offered_node_with_the_weighting_asked(n
             strategy.min_available_nodes) == (1.0, 0.0, 1, 1)
 
 
-@pytest.mark.parametrize("method", ["scaffold", "fednova"])
-def test_sgd_only_methods_refuse_another_optimizer_at_load(method):
-    with pytest.raises(ConfigError, match=rf"{method} .*, but train.optimizer is adam; set train.optimizer=sgd"):
-        smoke_config([f"strategy={{name: {method}}}", f"client={{name: {method}}}", "train.optimizer=adam"])
+def test_fednova_refuses_another_optimizer_at_load():
+    with pytest.raises(ConfigError, match=r"^fednova .*, but train.optimizer is adam; set train.optimizer=sgd in "):
+        smoke_config(["strategy={name: fednova}", "client={name: fednova}", "train.optimizer=adam"])
 
 
 # --- runs ---------------------------------------------------------------------------------
@@ -414,15 +406,20 @@ def test_scaffold_and_feddyn_refuse_pruning_with_the_reason():
         smoke_config([*DENSE_SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}"])
 
 
+@pytest.mark.parametrize(("method", "evidence"), [
+    ("feddyn", r"as its paper and its authors' code do \(at SGD momentum 0.9 every client returned non-finite "
+               r"weights by round 9 of 15 on Fashion-MNIST, Dirichlet 0.05\)"),
+    ("scaffold", r"as option II of its paper assumes \(at SGD momentum 0.9 it diverged within 20 rounds on "
+                 r"Fashion-MNIST in all three Dirichlet 0.05 seeds\)"),
+])
 @pytest.mark.parametrize("optimizer", ["train.momentum=0.9", "train.optimizer=adam"])
-def test_feddyn_refuses_all_but_plain_sgd_with_the_reason(optimizer):
-    """The leaderboard's SGD with momentum 0.9 diverged (every client non-finite at round 9
-    of 15); the paper and its authors' code take plain SGD steps."""
-    with pytest.raises(ConfigError, match=r"^feddyn takes plain SGD steps, .*every client returned non-finite "
-                                          r"weights by round 9 of 15 on Fashion-MNIST, Dirichlet 0.05\), but "
-                                          r"train.optimizer is \w+ with train.momentum [\d.]+; set train.optimizer=sgd "
-                                          r"and train.momentum=0 in .*smoke.yaml: strategy$"):
-        smoke_config([*DENSE_SGD, optimizer, "strategy={name: feddyn}", "client={name: feddyn}"])
+def test_plain_sgd_methods_refuse_momentum_and_other_optimizers_with_the_evidence(method, evidence, optimizer):
+    """FedDyn and SCAFFOLD diverged at the leaderboard's SGD with momentum 0.9; their papers
+    take plain SGD steps."""
+    with pytest.raises(ConfigError, match=rf"^{method} takes plain SGD steps, {evidence}, but train.optimizer is "
+                                          r"\w+ with train.momentum [\d.]+; set train.optimizer=sgd and "
+                                          r"train.momentum=0 in .*smoke.yaml: strategy$"):
+        smoke_config([*DENSE_SGD, optimizer, f"strategy={{name: {method}}}", f"client={{name: {method}}}"])
 
 
 def test_scaffold_state_survives_a_resume(tmp_path):

@@ -81,6 +81,19 @@ def test_preset_overrides_set_replaces_an_axis_and_its_seeds(tmp_path):
     assert load_sweep(sweep_file(tmp_path, **GRID), preset="tiny", seeds=[3, 4]).seeds == [3, 4]
 
 
+def test_a_presets_zipped_group_replaces_the_one_setting_the_same_keys_in_its_place(tmp_path):
+    """Labelled in another key order, it still replaces the file's strategy+client group,
+    before the group that follows it, so that cell names keep their order."""
+    spec = {"zip": [{"strategy": [{"name": "fedavg"}], "client": [{"name": "plain"}]},
+                    {"federation.num_rounds": [1]}],
+            "presets": {"prox": {"zip": [{"prox": {"client": {"name": "proximal"},
+                                                   "strategy": {"name": "fedprox", "proximal_mu": 0.5}}}]}}}
+    plan = load_sweep(sweep_file(tmp_path, **spec), preset="prox")
+    assert [a.name for a in plan.axes] == ["client+strategy", "federation.num_rounds"]
+    assert [c.name for c in plan.cells] == ["prox_num-rounds1_s0"]
+    assert plan.cells[0].config.strategy.params.proximal_mu == 0.5
+
+
 def test_labelled_zip_and_only(tmp_path):
     spec = {"zip": [{"fedavg": {"strategy": {"name": "fedavg"}, "client": {"name": "plain"}},
                      "prox": {"strategy": {"name": "fedprox"}, "client": {"name": "proximal"}}}],
@@ -117,6 +130,12 @@ BAD = [
     ({"presets": {"cpu": {}}}, ["--preset", "gpu"], "no preset 'gpu'; this file has ['cpu']", "--preset"),
     ({"grid": {"model": [{"name": "simple_cnn"}]}, "set": {"model.channels": [4]}}, [],
      "model.channels is set by the axis 'model'", "set.model.channels"),
+    ({"zip": [{"a": {"strategy": {"name": "fedavg"}, "train.lr": 0.1}}], "set": {"train": {"lr": 0.01}}}, [],
+     "train.lr is set by the axis 'strategy+train.lr'", "set.train.lr"),
+    ({"zip": [{"strategy": [{"name": "fedavg"}], "client": [{"name": "plain"}]}],
+      "presets": {"p": {"zip": [{"strategy": [{"name": "fedprox"}]}]}}}, ["--preset", "p"],
+     "it sets ['strategy'], the axis 'strategy+client' sets ['client', 'strategy']; a preset's zipped group "
+     "replaces the one that sets the same keys", "presets.p.zip[0]"),
     ({"grid": {"federation.num_rounds": [1, 1]}}, [], "values share the label(s) ['num-rounds1']",
      "grid.federation.num_rounds"),
     ({}, ["--parallel", "99"], "99 runs at once need 99 CPUs", "--parallel"),

@@ -19,6 +19,7 @@ A sweep file names a base experiment and its axes::
         doc: what it trades for time, and why the effect still shows
         set: {train.max_samples_per_round: 500}
         grid: {model: {cnn: {name: simple_cnn}}}   # replaces (or adds) a whole axis
+        zip: [...]                              # replaces the zipped group of the same keys
         seeds: [0, 1, 2]
 
 A cell's config is the base, then ``set``, then the preset's ``set``, then its axis
@@ -100,6 +101,8 @@ class Preset:
     """Overrides for every cell (dotted keys), after the sweep's own ``set``."""
     grid: dict[str, Any] = field(default_factory=dict)
     """Axes that replace the sweep's axes of the same key (or add to them)."""
+    zip: list[dict[str, Any]] = field(default_factory=list)
+    """Zipped groups that replace the sweep's group setting the same keys (or add to them)."""
     seeds: list[int] | None = None
 
 
@@ -235,15 +238,28 @@ def zip_axis(group: Any, where: str) -> Axis:
 
 
 def _check_set_keys(items: dict[str, Any], axes: list[Axis], where: str) -> None:
-    """An override under an axis key would be silently replaced by the axis values."""
-    for key in items:
+    """An override under an axis key would be silently replaced by the axis values, also
+    when it is nested (``train: {lr: 0.01}`` under the axis key ``train.lr``)."""
+    for key, value in items.items():
         for axis in axes:
             for axis_key in axis.keys:
-                if key == axis_key or key.startswith(axis_key + "."):
-                    raise ConfigError(f"{key} is set by the axis {axis.name!r}, whose values replace it; "
-                                      "put it in the axis values instead", f"{where}.{key}")
+                if key == axis_key or key.startswith(axis_key + ".") or _holds(value, axis_key, key):
+                    shown = axis_key if axis_key.startswith(key + ".") else key
+                    raise ConfigError(f"{shown} is set by the axis {axis.name!r}, whose values replace it; "
+                                      "put it in the axis values instead", f"{where}.{shown}")
         if key in ("seed", "name"):
             raise ConfigError(f"the sweep sets {key} of every cell (seeds: [...] for seeds)", f"{where}.{key}")
+
+
+def _holds(value: Any, axis_key: str, key: str) -> bool:
+    """Whether the mapping ``value`` set at ``key`` holds the deeper ``axis_key``."""
+    if not axis_key.startswith(key + "."):
+        return False
+    for part in axis_key[len(key) + 1:].split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def _only_labels(only: dict[str, list[str]], axes: list[Axis]) -> dict[str, set[str]]:
@@ -282,6 +298,17 @@ def load_sweep(path: str | Path, preset: str | None = None, seeds: list[int] | N
         chosen = spec.presets[preset]
         for key, raw in chosen.grid.items():
             axes[key] = grid_axis(key, raw, f"{path}: presets.{preset}.grid.{key}")
+        for i, group in enumerate(chosen.zip):
+            axis = zip_axis(group, f"{path}: presets.{preset}.zip[{i}]")
+            for old in axes.values():
+                if set(old.keys) != set(axis.keys) and set(old.keys) & set(axis.keys):
+                    raise ConfigError(f"it sets {sorted(axis.keys)}, the axis {old.name!r} sets {sorted(old.keys)}; "
+                                      "a preset's zipped group replaces the one that sets the same keys",
+                                      f"{path}: presets.{preset}.zip[{i}]")
+            replaced = {n for n, a in axes.items() if set(a.keys) == set(axis.keys)}
+            # in the replaced group's place, so that cell names keep their order
+            axes = {(axis.name if n in replaced else n): (axis if n in replaced else a) for n, a in axes.items()}
+            axes.setdefault(axis.name, axis)
     axis_list = list(axes.values())
     _check_set_keys(spec.set, axis_list, f"{path}: set")
     _check_set_keys(chosen.set, axis_list, f"{path}: presets.{preset}.set")
