@@ -11,8 +11,7 @@ the paper's local-momentum example, and
     ||a_i||_1 = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)
 
 which is tau for rho = 0 and 1 for tau = 1 (the authors' code accumulates the same number
-step by step as ``local_normalizing_vec``); ``a_norm`` computes it (the core's, shared with
-the ``scaffold`` client).
+step by step as ``local_normalizing_vec``); ``a_norm`` computes it.
 """
 
 from __future__ import annotations

@@ -97,13 +97,17 @@ def test_link_state(capsys):
     assert all(float(v) >= 0 for row in rows for v in row[1:])
 
 
-def test_scaffold_agrees_with_niid_benchs_rule_written_independently(capsys):
-    """3 IID rounds of plain SGD: fedmech's SCAFFOLD and NIID-Bench's, side by side, agree
-    to float rounding in accuracy, loss and the norm of c (a wrong sign or scale of the
-    correction, of c_i+ or of c's update moves all three in the first rounds)."""
-    module = load("scaffold_reference")
-    module.main([*TINY, "--set", "data.audit_per_class=10", "--set", "federation.num_rounds=3",
-                 "--set", "train.max_samples_per_round=null"])
+@pytest.mark.parametrize(("method", "train"), [("scaffold", "train.momentum=0"), ("fednova", "train.momentum=0.9")])
+def test_scaffold_and_fednova_agree_with_niid_benchs_rules_written_independently(method, train, capsys):
+    """3 rounds over unequal shards (so FedNova's clients take unequal steps), each method
+    with the leaderboard's local SGD: fedmech's run and
+    NIID-Bench's rule, side by side, agree to float rounding in accuracy, loss and the
+    method's own number (a wrong sign or scale of SCAFFOLD's correction, of c_i+ or of c's
+    update, or of FedNova's a_i or tau_eff, moves all three in the first rounds)."""
+    load("niid_bench_rules").main(["--method", method, *TINY, "--set", "data.audit_per_class=10",
+                                   "--set", "federation.num_rounds=3", "--set", "train.max_samples_per_round=null",
+                                   "--set", "data.partition={name: dirichlet, alpha: 0.5, min_samples: 10}",
+                                   "--set", train])
     rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
     assert [row[0] for row in rows] == ["1", "2", "3"]
     for row in rows:
