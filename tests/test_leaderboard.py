@@ -20,10 +20,12 @@ from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.sweep import load_sweep
 
 LEADERBOARD = REPO / "experiments" / "paper" / "leaderboard.yaml"
+PLAIN_SGD = REPO / "experiments" / "paper" / "leaderboard_plain_sgd.yaml"
 METHODS: dict[str, dict] = read_yaml(LEADERBOARD)["zip"][0]
-"""Method label -> its strategy, client and local SGD (learning rate and momentum)."""
-PLAIN_SGD = {"fedavg-sgd", "scaffold", "feddyn"}
+"""The momentum block: method label -> its strategy and client."""
+PLAIN_SGD_METHODS: dict[str, dict] = read_yaml(PLAIN_SGD)["zip"][0]
 """The plain-SGD block: the methods whose papers take plain SGD steps, and their FedAvg control."""
+AXIS = "strategy+client"
 
 PAPER = re.compile(r"(arXiv:\d{4}\.\d{4,5}|(19|20)\d\d, [A-Z][A-Za-z]+)")
 """A citation in a summary: an arXiv id, or a year and a venue (``2021, KDD``)."""
@@ -33,29 +35,35 @@ def test_every_method_is_listed_with_its_paper(capsys):
     assert main(["list", "strategies"]) == 0
     listing = capsys.readouterr().out
     plugins.load()
-    for method in METHODS.values():
+    for method in [*METHODS.values(), *PLAIN_SGD_METHODS.values()]:
         name = method["strategy"]["name"]
         assert f"\n  {name}  " in listing
         assert PAPER.search(STRATEGIES.get(name).summary), f"{name}: {STRATEGIES.get(name).summary!r}"
 
 
-def test_the_cpu_grid_is_every_method_at_two_skews_and_three_seeds_in_two_sgd_blocks():
-    plan = load_sweep(LEADERBOARD, preset="cpu")
-    assert len(plan.cells) == len(METHODS) * 2 * 3 == 84
-    assert {c.config.train.optimizer for c in plan.cells} == {"sgd"}
-    sgd = {(c.axes["strategy+client+train.lr+train.momentum"], c.config.train.lr, c.config.train.momentum)
-           for c in plan.cells}
-    assert sgd == {(label, 0.02, 0.0) if label in PLAIN_SGD else (label, 0.05, 0.9) for label in METHODS}
+@pytest.mark.parametrize(("file", "methods", "lr", "momentum", "rounds"), [
+    (LEADERBOARD, METHODS, 0.05, 0.9, [3, 10, 20]),
+    (PLAIN_SGD, PLAIN_SGD_METHODS, 0.02, 0.0, [3, 10, 20, 40]),
+], ids=["momentum", "plain-sgd"])
+def test_each_cpu_block_is_its_methods_at_two_skews_and_three_seeds_with_one_sgd(file, methods, lr, momentum, rounds):
+    """Each block trains every method with the same SGD as its FedAvg control, and runs
+    the diagnostics from round 3 to its last (the plain-SGD block's head catches up later)."""
+    plan = load_sweep(file, preset="cpu")
+    assert len(plan.cells) == len(methods) * 2 * 3
+    assert {c.axes[AXIS] for c in plan.cells} == set(methods)
+    assert {(c.config.train.optimizer, c.config.train.lr, c.config.train.momentum) for c in plan.cells} == {
+        ("sgd", lr, momentum)}
+    assert {c.config.federation.num_rounds for c in plan.cells} == {rounds[-1]}
+    assert {tuple(d.rounds) for c in plan.cells for d in c.config.diagnostics} == {tuple(rounds)}
 
 
-def test_the_gpu_preset_gives_every_method_the_papers_learning_rate(monkeypatch):
-    """Its own zipped group replaces the cpu one in place: lr 0.01, the plain-SGD block
-    without momentum (validated as on a machine with CUDA)."""
+@pytest.mark.parametrize(("file", "momentum"), [(LEADERBOARD, 0.9), (PLAIN_SGD, 0.0)], ids=["momentum", "plain-sgd"])
+def test_the_gpu_preset_gives_every_method_the_papers_learning_rate(file, momentum, monkeypatch):
+    """lr 0.01 on CIFAR-10, each block with its own momentum (validated as on a machine
+    with CUDA)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    plan = load_sweep(LEADERBOARD, preset="gpu")
-    assert [a.name for a in plan.axes] == ["data.partition", "strategy+client+train.lr+train.momentum"]
-    assert {(c.axes["strategy+client+train.lr+train.momentum"], c.config.train.lr, c.config.train.momentum)
-            for c in plan.cells} == {(label, 0.01, 0.0 if label in PLAIN_SGD else 0.9) for label in METHODS}
+    plan = load_sweep(file, preset="gpu")
+    assert {(c.config.train.lr, c.config.train.momentum) for c in plan.cells} == {(0.01, momentum)}
     assert {c.config.data.dataset.name for c in plan.cells} == {"cifar10"}
 
 
@@ -67,11 +75,14 @@ SMOKE = [
 ]
 
 
-@pytest.mark.parametrize("label", [label for label in METHODS if label != "fedavg-sgd"])  # fedavg's own run
-def test_each_method_runs_with_the_diagnostics_and_records_its_metrics(label, tmp_path):
-    method = METHODS[label]
+BLOCKS = [(label, method, 0.9) for label, method in METHODS.items()] + [
+    (label, method, 0.0) for label, method in PLAIN_SGD_METHODS.items() if label != "fedavg-sgd"]  # fedavg's own run
+
+
+@pytest.mark.parametrize(("label", "method", "momentum"), BLOCKS, ids=[b[0] for b in BLOCKS])
+def test_each_method_runs_with_the_diagnostics_and_records_its_metrics(label, method, momentum, tmp_path):
     cfg = smoke_config([*SMOKE, f"strategy={{name: {method['strategy']['name']}}}",
-                        f"client={{name: {method['client']['name']}}}", f"train.momentum={method['train.momentum']}"])
+                        f"client={{name: {method['client']['name']}}}", f"train.momentum={momentum}"])
     run = run_in_process(cfg, tmp_path)
     diagnostics = {r["name"] for r in read_records(run, "diagnostic") if r["round"] == 2}
     assert diagnostics == {"misalignment", "circuits"}
