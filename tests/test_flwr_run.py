@@ -115,12 +115,16 @@ def test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run(completed, tm
     proc = subprocess.Popen(fedmech_command(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after_round_1(proc, tmp_path)
     assert proc.poll() is None, "the run ended before it could be killed"
+    # Freeze the ServerApp (the run folder's writer) so that the kill lands after round 1
+    # however slowly this host finds the launch's processes; the reaper's SIGKILL ends a
+    # stopped process as any other.
+    (run_dir,) = list(tmp_path.iterdir())
+    os.kill(read_status(run_dir)["pid"], signal.SIGSTOP)
     started = launch_processes_of(proc.pid)
     assert started, "no process of the run's launch was found"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert_gone(started, 10, "processes of the killed run are still alive")
-    (run_dir,) = list(tmp_path.iterdir())
     assert read_status(run_dir)["status"] == "running"  # as a kill leaves it
     assert not (run_dir / "model_final.safetensors").exists()
     killed_after = int(load_arrays(run_dir / STATE_FILE)["round"])
