@@ -1,6 +1,6 @@
-"""The leaderboard's methods (experiments/paper/leaderboard.yaml): each is listed with its
-paper, and each runs end to end with the misalignment and circuits diagnostics, recording
-the metrics its strategy declares."""
+"""The leaderboard's methods (experiments/paper/leaderboard.yaml, the momentum block, and
+leaderboard_plain_sgd.yaml): each is listed with its paper, and each runs end to end with
+the misalignment and circuits diagnostics, recording the metrics its strategy declares."""
 
 from __future__ import annotations
 
