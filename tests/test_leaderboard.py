@@ -63,6 +63,7 @@ def test_the_gpu_preset_gives_every_method_the_papers_learning_rate(file, moment
     with CUDA)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     plan = load_sweep(file, preset="gpu")
+    assert [a.name for a in plan.axes] == ["data.partition", AXIS]
     assert {(c.config.train.lr, c.config.train.momentum) for c in plan.cells} == {(0.01, momentum)}
     assert {c.config.data.dataset.name for c in plan.cells} == {"cifar10"}
 
