@@ -95,17 +95,19 @@ def test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one(refere
 
 def test_warm_cells_end_as_lone_runs_of_the_same_cells(reference, tmp_path):
     """A sweep's worker runs its cells on one SuperLink and Ray (four cells on two workers
-    here: two SuperLinks); each cell is still its own Flower run and ends bitwise as a lone
-    ``fedmech run`` of its settings (records and weights), at both seeds."""
+    here: two SuperLinks, each taking a second cell once its first has ended); each such
+    warm cell is still its own Flower run and ends bitwise as a lone ``fedmech run`` of its
+    settings (records and weights), at both seeds."""
     manifest = json.loads((reference / "sweep.json").read_text())
-    superlinks = {re.search(r"Using SuperLink: \S+ \((\S+)\)", (reference / "runs" / c / "logs" / "flwr_run.log")
-                            .read_text()).group(1) for c in CELLS}
-    assert len(superlinks) == 2, superlinks
-    for cell in (c for c in manifest["cells"] if c["name"] in CELLS[:2]):
+    superlinks = {c: re.search(r"Using SuperLink: \S+ \((\S+)\)", (reference / "runs" / c / "logs" / "flwr_run.log")
+                               .read_text()).group(1) for c in CELLS}
+    assert len(set(superlinks.values())) == 2, superlinks
+    assert {superlinks[c] for c in CELLS[:2]} == {superlinks[c] for c in CELLS[2:]}, superlinks  # the last two ran warm
+    for cell in (c for c in manifest["cells"] if c["name"] in CELLS[2:]):
         out = tmp_path / cell["name"]
         sets = [arg for item in cell["overrides"] for arg in ("--set", item)]
         done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "run", manifest["base"], *sets,
-                               "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                               "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         (lone,) = out.iterdir()
         assert_same_run(reference / "runs" / cell["name"], lone)
