@@ -46,8 +46,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Integration tests first (each in its collected order): they are the long ones, so
-    with ``-n`` the workers start them early instead of ending on them."""
+    """Integration tests first (each in its collected order): they are the long ones, and
+    the first worker starts on them at once. (``--dist worksteal`` splits the list into one
+    contiguous run per worker, so that worker holds them all until the others, done with
+    their own, take some: docs/results/performance.md#the-test-suite has what that costs.)"""
     items.sort(key=lambda item: item.get_closest_marker("integration") is None)
 
 

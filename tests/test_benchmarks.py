@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +119,25 @@ def test_scaffold_and_fednova_agree_with_niid_benchs_rules_written_independently
         assert ours[0] == pytest.approx(theirs[0], abs=0.011)  # at most one of 100 test images
         assert ours[1:] == pytest.approx(theirs[1:], rel=1e-4)
         assert ours[2] > 0
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/cpuacct", os.W_OK), reason="no writable cgroup-v1 cpuacct")
+def test_suite_cpu_charges_a_test_with_the_cpu_of_the_process_it_starts(tmp_path):
+    """Two tests under the plug-in, on two workers: the one whose child process spins for
+    about a second is charged about a second, the idle one almost nothing."""
+    (tmp_path / "test_two.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_spins():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 1: pass'], check=True)\n"
+        "def test_sleeps():\n    time.sleep(1)\n")
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "SUITE_CPU_OUT": str(tmp_path / "cpu")}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-n", "2", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_two.py")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {r["test"].split("::")[1]: r["cpu_s"] for path in (tmp_path / "cpu").glob("gw*.jsonl")
+            for r in map(json.loads, path.read_text().splitlines())}
+    assert rows.keys() == {"test_spins", "test_sleeps"}
+    assert 0.9 < rows["test_spins"] < 3 and rows["test_sleeps"] < 0.3, rows
+    assert load("suite_cpu").summary(tmp_path / "cpu").startswith("2 tests, ")
