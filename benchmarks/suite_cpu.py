@@ -1,7 +1,7 @@
 """Where the test suite's CPU goes: the CPU-seconds each test used, with every process it
 started (Flower, Ray, the launches' children), whichever pytest-xdist worker ran it. Under
-``make test`` (four workers on 2 cores) a test's wall time mostly measures the tests beside
-it; its CPU-seconds do not, so they say which tests to make cheaper.
+``make test`` (four workers on 2 cores) a test's wall time depends on the tests beside
+it; its CPU-seconds hardly do, so they say which tests to make cheaper.
 
 As a pytest plug-in it puts each worker in its own cgroup-v1 ``cpuacct`` group and writes one
 line per test to ``SUITE_CPU_OUT`` (a folder); as a script it sums those lines:
@@ -48,11 +48,11 @@ def pytest_configure(config) -> None:
 
 def pytest_unconfigure(config) -> None:
     """Leave the group (back to the root group) and remove it once no process is left in it."""
-    (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
     try:
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
         _group().rmdir()
     except OSError:
-        pass  # a process the tests started still runs in it; the group goes with the next reboot
+        pass  # never made, or a process the tests started still runs in it (it goes with the next reboot)
 
 
 @pytest.hookimpl(hookwrapper=True)

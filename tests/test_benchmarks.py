@@ -134,7 +134,8 @@ def test_suite_cpu_charges_a_test_with_the_cpu_of_the_process_it_starts(tmp_path
     env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "SUITE_CPU_OUT": str(tmp_path / "cpu")}
     env.pop("PYTEST_ADDOPTS", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-n", "2", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_two.py")], cwd=tmp_path, env=env, capture_output=True, text=True)
+                           str(tmp_path / "test_two.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {r["test"].split("::")[1]: r["cpu_s"] for path in (tmp_path / "cpu").glob("gw*.jsonl")
             for r in map(json.loads, path.read_text().splitlines())}
