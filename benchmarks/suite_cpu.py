@@ -1,7 +1,7 @@
 """Where the test suite's CPU goes: the CPU-seconds each test used, with every process it
 started (Flower, Ray, the launches' children), whichever pytest-xdist worker ran it. Under
 ``make test`` (four workers on 2 cores) a test's wall time depends on the tests beside
-it; its CPU-seconds hardly do, so they say which tests to make cheaper.
+it far more than its CPU-seconds do, so these say which tests to make cheaper.
 
 As a pytest plug-in it puts each worker in its own cgroup-v1 ``cpuacct`` group and writes one
 line per test to ``SUITE_CPU_OUT`` (a folder); as a script it sums those lines:
