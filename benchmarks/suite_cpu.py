@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,20 +62,27 @@ def pytest_runtest_protocol(item, nextitem):
     before = int(usage.read_text())
     yield
     line = {"test": item.nodeid, "cpu_s": (int(usage.read_text()) - before) / 1e9,
-            "integration": item.get_closest_marker("integration") is not None}
+            "integration": item.get_closest_marker("integration") is not None, "ended": time.time()}
     with open(_out() / f"{_worker()}.jsonl", "a") as out:
         out.write(json.dumps(line) + "\n")
 
 
 def summary(folder: Path, top: int = 20) -> str:
-    """The total, its integration tests' share, and the ``top`` tests by CPU-seconds."""
-    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
+    """The total, its integration tests' share, how long before the suite's end each worker
+    ran out of tests (the end the cores spent on fewer tests), and the ``top`` tests by
+    CPU-seconds."""
+    rows = [dict(json.loads(line), worker=path.stem) for path in sorted(folder.glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
     if not rows:
         raise SystemExit(f"no test lines in {folder}: run the suite with the plug-in first (see its docstring)")
     total = sum(r["cpu_s"] for r in rows)
     integration = sum(r["cpu_s"] for r in rows if r["integration"])
     lines = [f"{len(rows)} tests, {total:.0f} CPU-s; integration tests "
              f"({sum(r['integration'] for r in rows)}) {integration:.0f} CPU-s ({integration / total:.0%})"]
+    ended = {r["worker"]: max(x["ended"] for x in rows if x["worker"] == r["worker"]) for r in rows}
+    last = max(ended.values())
+    lines.append("each worker's last test ended before the suite's last: "
+                 + ", ".join(f"{worker} {last - end:.0f} s" for worker, end in sorted(ended.items())))
     lines += [f"{r['cpu_s']:8.1f}  {r['test']}" for r in sorted(rows, key=lambda r: -r["cpu_s"])[:top]]
     return "\n".join(lines)
 

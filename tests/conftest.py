@@ -45,12 +45,30 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"faults injected: {dict(sorted(INJECTED.items()))}")
 
 
+LONGEST = (
+    "test_sweep_run.py::test_stopped_killed_and_continued_sweep_ends_as_the_uninterrupted_one",
+    "test_tutorial.py::test_the_tutorial_runs_as_written",
+    "test_flower_app.py::test_flwr_run_of_the_example_matches_the_same_fedmech_run",
+    "test_demo.py::test_the_demo_records_what_its_verdict_reads",
+    "test_own_plugins.py::test_a_users_plugins_run_and_every_output_shows_what_they_declare",
+    "test_deploy_node_data.py::test_deploy_local_on_the_shards_files_ends_bitwise_as_fedmech_run",
+    "test_flwr_run.py::test_sigkill_mid_run_then_resume_ends_as_the_uninterrupted_run",
+    "test_benchmarks.py::test_startup",
+)
+"""The tests that used the most CPU (benchmarks/suite_cpu.py in CI, 2026-12-07), most first."""
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Integration tests first (each in its collected order): they are the long ones, and
-    the first worker starts on them at once. (``--dist worksteal`` splits the list into one
-    contiguous run per worker, so that worker holds them all until the others, done with
-    their own, take some: docs/results/performance.md#the-test-suite has what that costs.)"""
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+    """Integration tests first, the longest of them (``LONGEST``) in front, the others in
+    their collected order: the first worker starts on them at once, and the suite does not
+    end on one long test running alone. (``--dist worksteal`` splits the list into one
+    contiguous run per worker, and a worker that has run out takes the last half of another's
+    queue: docs/results/performance.md#the-test-suite has what that costs.)"""
+    def rank(item) -> tuple[bool, int]:
+        name = f"{item.path.name}::{item.originalname}"
+        return item.get_closest_marker("integration") is None, LONGEST.index(name) if name in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)
 
 
 def pytest_sessionfinish(session) -> None:

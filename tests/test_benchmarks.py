@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,4 +142,7 @@ def test_suite_cpu_charges_a_test_with_the_cpu_of_the_process_it_starts(tmp_path
             for r in map(json.loads, path.read_text().splitlines())}
     assert rows.keys() == {"test_spins", "test_sleeps"}
     assert 0.9 < rows["test_spins"] < 3 and rows["test_sleeps"] < 0.3, rows
-    assert load("suite_cpu").summary(tmp_path / "cpu").startswith("2 tests, ")
+    summary = load("suite_cpu").summary(tmp_path / "cpu").splitlines()
+    assert summary[0].startswith("2 tests, ")
+    assert re.fullmatch(r"each worker's last test ended before the suite's last: gw0 \d+ s, gw1 \d+ s", summary[1])
+    assert " 0 s" in summary[1]  # the worker that ran the last test

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHROMIUM, REPO, browser_page
+from conftest import CHROMIUM, REPO, browser_page, once_per_session
 from fedmech_flwr.data import DEBIAN_FASHION_MNIST
 from fedmech_flwr.run_folder import read_records
 
@@ -22,11 +22,16 @@ pytestmark = [pytest.mark.integration,
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("demo")
-    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "sweep", "experiments/demo.yaml",
-                           "--preset", "tiny", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    return out / "demo-tiny", done
+    """The demo's sweep, made once per session: its folder and its process."""
+    def make(folder: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", "sweep", "experiments/demo.yaml",
+                               "--preset", "tiny", "--out", str(folder)], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        (folder / "process.json").write_text(json.dumps([done.returncode, done.stdout, done.stderr]))
+
+    folder = once_per_session(tmp_path_factory, "demo", make)
+    returncode, stdout, stderr = json.loads((folder / "process.json").read_text())
+    return folder / "demo-tiny", subprocess.CompletedProcess([], returncode, stdout, stderr)
 
 
 def test_the_demo_records_what_its_verdict_reads(demo):

@@ -10,8 +10,7 @@ this machine, each test on its own cluster (own temp dir, free ports).
   run's weights; with ``continue`` the run records the lost node and trains every later
   round on the head.
 
-The same run on a private Ray, started once per module beside the first test that needs
-it, is the reference of both. Each test takes 1 to 2.5 min on 2 cores under a load of 12.
+The same run on a private Ray, made once per session, is the reference of both. Each test takes 1 to 2.5 min on 2 cores under a load of 12.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_gone, launch_processes_of
+from conftest import REPO, assert_gone, launch_processes_of, once_per_session
 from fedmech_flwr.run_folder import process_alive, read_records, read_status
 from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop, descendants
 
@@ -88,13 +87,19 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def private_run(tmp_path_factory):
-    """The run on a private Ray: started at once, awaited by whoever calls the result."""
-    out = tmp_path_factory.mktemp("private")
-    proc = run(out)
-    yield lambda: finished(proc, out)
-    if proc.poll() is None:
-        _stop(proc)
+def private_run(tmp_path_factory) -> Path:
+    """The run folder of the same run on a private Ray, made once per session."""
+    def make(out: Path) -> None:
+        proc = run(out)
+        try:
+            finished(proc, out)
+        finally:
+            if proc.poll() is None:
+                _stop(proc)
+
+    folder = once_per_session(tmp_path_factory, "ray-cluster-private-run", make)
+    (run_dir,) = list((folder / "runs").iterdir())
+    return run_dir
 
 
 @pytest.fixture
@@ -139,7 +144,7 @@ def test_a_run_trains_on_both_nodes_and_ends_as_on_a_private_ray(private_run, cl
     run_dir = finished(run(tmp_path, f"simulation.ray_address={cluster.address}"), tmp_path)
     nodes = client_nodes(run_dir)
     assert set(nodes.values()) == {cluster.raylet(node)[1] for node in cluster.nodes}, "clients did not use both nodes"
-    assert weights(run_dir) == weights(private_run())
+    assert weights(run_dir) == weights(private_run)
     assert not cluster.actors(), "the run's actors outlived it"
 
 
@@ -197,7 +202,7 @@ def test_a_lost_node_fails_the_run_naming_it_and_resume_ends_as_uninterrupted(pr
     resumed = fedmech(out, "run", "--resume", str(run_dir))  # on the head, all the cluster has left
     assert resumed.wait(timeout=TIMEOUT_S) == 0, (out / "fedmech.log").read_text()[-4000:]
     assert read_status(run_dir)["status"] == "completed"
-    assert weights(run_dir) == weights(private_run())
+    assert weights(run_dir) == weights(private_run)
 
 
 def test_a_lost_node_with_continue_goes_on_with_the_other_node(cluster, tmp_path):
