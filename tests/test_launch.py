@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import socket
 import socketserver
@@ -174,3 +175,53 @@ def test_a_port_chosen_here_is_free_and_below_the_ports_the_system_hands_out():
         assert launch.PORTS_FROM <= port < ephemeral
         with socket.socket() as s:
             s.bind(("", port))  # free on every address
+
+
+def fake_ray(tmp_path: Path, *outputs: str) -> Path:
+    """An executable standing in for ``ray``: its n-th start records its arguments, prints
+    ``outputs[n]`` and exits 1, or, when that is Ray's ready line, waits to be stopped."""
+    script = tmp_path / "ray"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys, time\nfrom pathlib import Path\n"
+        f"calls = Path({str(tmp_path / 'calls.jsonl')!r})\n"
+        "n = len(calls.read_text().splitlines()) if calls.exists() else 0\n"
+        "with calls.open('a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"out = {list(outputs)!r}[n]\n"
+        "print(out, flush=True)\n"
+        f"sys.exit(1) if {launch.RAY_READY!r} not in out else time.sleep(60)\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_a_ray_head_that_timed_out_waiting_for_its_raylet_starts_again_once_on_the_same_port(tmp_path, monkeypatch,
+                                                                                              caplog):
+    """On a loaded machine ``ray start`` can give up on its own raylet (a fixed 30 s in
+    Ray); the SuperLink and ``flwr run`` already hold the head's address, so the head
+    starts again with the same arguments, once, and the run goes on. A second such
+    failure, or any other, ends the launch naming the log."""
+    overloaded = f"Exception: {launch.RAY_OVERLOADED}. This could happen because ..."
+    monkeypatch.setattr(launch, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, launch.RAY_READY + ".")))
+    (home := tmp_path / "home").mkdir()
+    flower = _LocalFlower(home, None)
+    try:
+        flower.start_ray_head(2)
+        flower.wait_for_ray(timeout=30)
+        first, second = map(json.loads, (tmp_path / "calls.jsonl").read_text().splitlines())
+        assert first == second and "--port" in first
+        assert flower.alive() and flower.procs == [flower.ray_head]
+        assert "starting it again" in caplog.text
+    finally:
+        flower.close()
+
+    (tmp_path / "calls.jsonl").unlink()
+    monkeypatch.setattr(launch, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, overloaded)))
+    (home := tmp_path / "home-2").mkdir()
+    flower = _LocalFlower(home, None)
+    try:
+        flower.start_ray_head(2)
+        with pytest.raises(RuntimeError, match="the private Ray head exited with code 1; see .*ray.log"):
+            flower.wait_for_ray(timeout=30)
+        assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 2
+    finally:
+        flower.close()

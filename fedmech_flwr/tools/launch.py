@@ -85,6 +85,9 @@ NODES_TIMEOUT_S = 120.0
 RAY_TIMEOUT_S = 120.0
 """How long a run waits for its private Ray head to start."""
 RAY_READY = "Ray runtime started"
+RAY_OVERLOADED = "The current node timed out during startup"
+"""What ``ray start`` prints when its raylet did not register within Ray's fixed 30 s, as on
+a loaded machine (``ray/_private/node.py``); ``wait_for_ray`` then starts the head again."""
 SUPERLINK_PORTS = 5
 """How many ports a SuperLink is started on before giving up (``start_superlink``)."""
 ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
@@ -255,6 +258,8 @@ class _LocalFlower:
         self.port = port or _free_port()
         self.port_chosen = not port
         self.ray_head: subprocess.Popen | None = None
+        self.ray_args: list[str] = []
+        """The private Ray head's command line (``start_ray_head``), kept to start it again."""
         self.ray_lost: str | None = None
         """Why the launch was stopped during a run: its private Ray head exited (``_watch_ray``)."""
         self.staged: dict[Path, Path] = {}
@@ -322,20 +327,30 @@ class _LocalFlower:
         # Ray would start a worker per CPU for the first run's driver; Flower's actors never use
         # them (they need the job's runtime environment), so they only took CPU from the run's start
         self.env["RAY_prestart_worker_first_driver"] = "0"
-        self.ray_head = self.start("ray", [
+        self.ray_args = [
             "ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--include-dashboard", "false", "--disable-usage-stats", *(["--num-cpus", str(num_cpus)] if num_cpus else []),
             # `ray start` binds fixed ports that a second Ray on the machine would also take; these are free ones
             "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(_free_port()),
             "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-port", str(_free_port()),
             "--no-monitor",  # the autoscaler's monitor: a private head of fixed size has nothing to scale
-        ])
+        ]
+        self.ray_head = self.start("ray", self.ray_args)
 
     def wait_for_ray(self, timeout: float = RAY_TIMEOUT_S) -> None:
-        """Return once the private Ray head is up (at once when there is none or it is up)."""
+        """Return once the private Ray head is up (at once when there is none or it is up).
+        A head that gave up because its raylet did not register in time (``RAY_OVERLOADED``)
+        starts again, once, with the same ports: the SuperLink and the run already hold its
+        address."""
         deadline = time.monotonic() + timeout
+        started_again = False
         while self.ray_head is not None and RAY_READY not in self.log_file("ray").read_text(errors="replace"):
-            if self.ray_head.poll() is not None:
+            if self.ray_head.poll() is not None and not started_again and RAY_OVERLOADED in self.tail("ray"):
+                log.warning("the private Ray head did not start in Ray's 30 s (a loaded machine?); starting it again")
+                self.procs.remove(self.ray_head)
+                self.ray_head = self.start("ray", self.ray_args)
+                started_again, deadline = True, time.monotonic() + timeout
+            elif self.ray_head.poll() is not None:
                 raise RuntimeError(f"the private Ray head exited with code {self.ray_head.returncode}; see "
                                    f"{self.log_file('ray')}:\n{self.tail('ray')}")
             if time.monotonic() > deadline:
