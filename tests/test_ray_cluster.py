@@ -10,7 +10,8 @@ this machine, each test on its own cluster (own temp dir, free ports).
   run's weights; with ``continue`` the run records the lost node and trains every later
   round on the head.
 
-The same run on a private Ray, made once per session, is the reference of both. Each test takes 1 to 2.5 min on 2 cores under a load of 12.
+The same run on a private Ray, made once per session, is the reference of both. Each test
+takes 1 to 2.5 min on 2 cores under a load of 12.
 """
 
 from __future__ import annotations

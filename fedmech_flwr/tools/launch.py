@@ -345,14 +345,14 @@ class _LocalFlower:
         deadline = time.monotonic() + timeout
         started_again = False
         while self.ray_head is not None and RAY_READY not in self.log_file("ray").read_text(errors="replace"):
-            if self.ray_head.poll() is not None and not started_again and RAY_OVERLOADED in self.tail("ray"):
+            if self.ray_head.poll() is not None:
+                if started_again or RAY_OVERLOADED not in self.tail("ray"):
+                    raise RuntimeError(f"the private Ray head exited with code {self.ray_head.returncode}; see "
+                                       f"{self.log_file('ray')}:\n{self.tail('ray')}")
                 log.warning("the private Ray head did not start in Ray's 30 s (a loaded machine?); starting it again")
                 self.procs.remove(self.ray_head)
                 self.ray_head = self.start("ray", self.ray_args)
                 started_again, deadline = True, time.monotonic() + timeout
-            elif self.ray_head.poll() is not None:
-                raise RuntimeError(f"the private Ray head exited with code {self.ray_head.returncode}; see "
-                                   f"{self.log_file('ray')}:\n{self.tail('ray')}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the private Ray head did not start within {timeout:.0f}s; see {self.log_file('ray')}")
             time.sleep(0.1)
