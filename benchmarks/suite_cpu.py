@@ -79,7 +79,9 @@ def summary(folder: Path, top: int = 20) -> str:
     integration = sum(r["cpu_s"] for r in rows if r["integration"])
     lines = [f"{len(rows)} tests, {total:.0f} CPU-s; integration tests "
              f"({sum(r['integration'] for r in rows)}) {integration:.0f} CPU-s ({integration / total:.0%})"]
-    ended = {r["worker"]: max(x["ended"] for x in rows if x["worker"] == r["worker"]) for r in rows}
+    ended: dict[str, float] = {}
+    for r in rows:
+        ended[r["worker"]] = max(ended.get(r["worker"], r["ended"]), r["ended"])
     last = max(ended.values())
     lines.append("each worker's last test ended before the suite's last: "
                  + ", ".join(f"{worker} {last - end:.0f} s" for worker, end in sorted(ended.items())))
