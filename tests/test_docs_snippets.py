@@ -63,7 +63,7 @@ NOT_RUN = re.compile(r"^<!-- not run here: (.+?) -->$")
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
 LANGUAGES = {"bash", "python", "yaml", "toml", "text"}
 LINKED = ("experiments", "scripts", "examples", "docs", "tests", "benchmarks", "clients", "strategies", "diagnostics",
-          "fedmech_flwr", "pyproject.toml", "Makefile", "mkdocs.yml")
+          "results", "fedmech_flwr", "pyproject.toml", "Makefile", "mkdocs.yml")
 """What the working folder links from the repository, so commands read as from its root."""
 CHEAP = {"validate", "list", "status", "plot", "report", "export", "new", "misalignment-table"}
 """fedmech commands that run for real (seconds on the fixture's folders)."""
