@@ -4,9 +4,13 @@ started (Flower, Ray, the launches' children), whichever pytest-xdist worker ran
 it far more than its CPU-seconds do, so these say which tests to make cheaper.
 
 As a pytest plug-in it puts each worker in its own cgroup-v1 ``cpuacct`` group and writes one
-line per test to ``SUITE_CPU_OUT`` (a folder); as a script it sums those lines:
+line per test to ``SUITE_CPU_OUT`` (a folder); as a script it sums those lines. ``make
+test``'s command with the plug-in, its paths absolute because some tests run from other
+folders, and ``-p`` on the command line, not in ``PYTEST_ADDOPTS``, which the tests that
+run pytest themselves (the tutorial's, ``fedmech new``'s) would pass on:
 
-    PYTHONPATH=benchmarks PYTEST_ADDOPTS="-p suite_cpu" SUITE_CPU_OUT=build/suite-cpu make test
+    PYTHONPATH=$PWD/benchmarks SUITE_CPU_OUT=$PWD/build/suite-cpu \
+        .venv/bin/python -m pytest -q -n 4 --dist worksteal -p suite_cpu
     .venv/bin/python benchmarks/suite_cpu.py build/suite-cpu
 
 It needs a writable ``/sys/fs/cgroup/cpuacct`` (root on a cgroup-v1 machine, as this
