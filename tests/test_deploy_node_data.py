@@ -3,23 +3,30 @@
 Two runs, about 2.5 and 2 min on 2 busy cores (every ClientApp message starts a process):
 nodes on files holding exactly the simulation's shards must end bitwise as ``fedmech run``
 does; a mixed federation under TLS and SuperNode auth (2 shard nodes, 1 own-data node, 1
-node with bad data, refused) must complete and say in partitions.json which node is which.
+node with bad data, refused, and an unregistered fifth node turned away) must complete and
+say in partitions.json which node is which.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from test_deploy import SMALL_RUN, fedmech
+from test_deploy import SMALL_RUN, fedmech, processes_mentioning
 
 from conftest import smoke_config, without_measured
 from fedmech_flwr.app.node_data import write_node_data
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.tools.launch import MAKE_CERTS, QUIET_ENV, _free_port, _stop
 
 pytestmark = pytest.mark.integration
+VENV_BIN = Path(sys.executable).parent
 
 
 def finished(proc, out) -> None:
@@ -51,16 +58,40 @@ def test_deploy_local_on_the_shards_files_ends_bitwise_as_fedmech_run(tmp_path):
 
 
 def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
+    """4 SuperNodes under TLS and SuperNode auth, from certificates made by the shipped
+    script: 2 on shards, 1 on its own data, 1 whose data is refused; and a fifth node whose
+    key was never registered, turned away by the SuperLink. The run completes, says in
+    partitions.json which node is which, and leaves no Flower process behind."""
     overrides = ("federation.num_clients=4", "federation.num_rounds=1", "federation.on_client_failure=continue")
     nodes = tmp_path / "nodes"
     write_node_data(smoke_config(list(overrides)), nodes, partition_ids=[2])
     np.savez(nodes / "node_999.npz", x=np.zeros((20, 28, 28), np.float32), y=np.arange(20) % 4)
-    deploy = fedmech("deploy-local", tmp_path, "--auth", "--node-data", str(nodes), overrides=overrides)
-    finished(deploy, tmp_path)
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(MAKE_CERTS), str(certs), "5"], check=True, capture_output=True)  # node_4: never registered
+    port = _free_port()
+    deploy = fedmech("deploy-local", tmp_path, "--auth", "--certs", str(certs), "--port", str(port), "--node-data",
+                     str(nodes), overrides=overrides)
+    intruder_log = tmp_path / "intruder.log"
+    with open(intruder_log, "w") as log:
+        intruder = subprocess.Popen(
+            [str(VENV_BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
+             "--superlink", f"127.0.0.1:{port}", "--port", str(_free_port()),
+             "--auth-supernode-private-key", str(certs / "node_4"), "--node-config", "partition-id=0 num-partitions=4"],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **QUIET_ENV, "FLWR_HOME": str(tmp_path / "intruder-home"),
+                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"},  # it starts flower-superexec by name
+            start_new_session=True,
+        )
+    try:
+        intruder.wait(timeout=180)
+        finished(deploy, tmp_path)
+    finally:
+        if intruder.poll() is None:
+            _stop(intruder)
     output = (tmp_path / "fedmech.log").read_text()
     assert "4 SuperNodes online" in output and "(TLS, SuperNode auth; 2 with their own data)" in output
     (run,) = list((tmp_path / "runs").iterdir())
-    assert read_status(run)["status"] == "completed"
+    assert f"completed: {run}" in output and read_status(run)["status"] == "completed"
     parts = json.loads((run / "partitions.json").read_text())["clients"]
     assert [(c["partition_id"], c["source"], c.get("node")) for c in parts] == [
         (0, "shard", None), (1, "shard", None), (2, "node-provided", "node_002")]
@@ -70,3 +101,10 @@ def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
     assert "images are 28x28 pixels, expected 12x12" in failure["reason"]
     # the refused node's console says why
     assert "node 'node_999' refuses to take part" in (run / LOGS_DIR / "supernode_3.log").read_text()
+    # The unregistered node was turned away, and both sides say so.
+    assert intruder.returncode != 0
+    assert "Failed to activate SuperNode" in intruder_log.read_text()
+    assert "No SuperNode found with the given public key" in (run / LOGS_DIR / "superlink.log").read_text()
+    assert sorted(p.name for p in (run / LOGS_DIR).iterdir()) == [
+        "client_failures.log", "flwr_run.log", "superlink.log", *(f"supernode_{i}.log" for i in range(4))]
+    assert not processes_mentioning(f"127.0.0.1:{port}"), "deploy-local left Flower processes behind"

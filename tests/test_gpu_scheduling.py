@@ -157,13 +157,13 @@ def test_gpu_check_refuses_without_a_gpu_before_any_step():
 # --- a Ray node declaring 2 GPUs -----------------------------------------------------------
 
 @pytest.mark.integration
-def test_a_quarter_gpu_per_client_runs_at_most_eight_clients_on_two_declared_gpus(tmp_path):
-    """12 clients, all sampled, on a Ray head declaring 12 CPUs and 2 GPUs (none real), with
-    ``gpus_per_client: 0.25`` and ``device: cpu``. Flower makes one actor per client slot,
-    ``min(12 / 1 CPU, 2 / 0.25 GPU)`` = 8, so the GPUs are the cap. Each client reports, from
-    inside its actor, Ray's own accounting: the GPU id and the share the actor holds, and
-    the cluster's free GPUs and CPUs. Flower's thread pool may cap it lower
-    (``FLOWER_THREADS``: 6 on 2 cores). ``device: auto`` there resolves to the CPU (Ray sets
+def test_a_half_gpu_per_client_runs_at_most_four_clients_on_two_declared_gpus(tmp_path):
+    """6 clients, all sampled, on a Ray head declaring 12 CPUs and 2 GPUs (none real), with
+    ``gpus_per_client: 0.5`` and ``device: cpu``. Flower makes one actor per client slot,
+    ``min(12 / 1 CPU, 2 / 0.5 GPU)`` = 4, so the GPUs are the cap, below Flower's thread
+    pool (``FLOWER_THREADS``: 6 on 2 cores). Each client reports, from inside its actor,
+    Ray's own accounting: the GPU id and the share the actor holds, and the cluster's free
+    GPUs and CPUs. ``device: auto`` there resolves to the CPU (Ray sets
     CUDA_VISIBLE_DEVICES; torch still sees no CUDA)."""
     site = tmp_path / "site"
     site.mkdir()
@@ -180,8 +180,8 @@ def test_a_quarter_gpu_per_client_runs_at_most_eight_clients_on_two_declared_gpu
              "--dashboard-agent-listen-port", str(_free_port()), "--no-monitor"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-    sets = ["federation.num_clients=12", "federation.num_rounds=2", "data.partition={name: iid}", "diagnostics=[]",
-            "plugins=[gpu_probe]", "client={name: gpu_probe}", "device=cpu", "simulation.gpus_per_client=0.25",
+    sets = ["federation.num_clients=6", "federation.num_rounds=2", "data.partition={name: iid}", "diagnostics=[]",
+            "plugins=[gpu_probe]", "client={name: gpu_probe}", "device=cpu", "simulation.gpus_per_client=0.5",
             f"simulation.ray_address=127.0.0.1:{port}"]
     try:
         wait_for_line(tmp_path / "ray-head.log", "Ray runtime started", head)
@@ -192,26 +192,26 @@ def test_a_quarter_gpu_per_client_runs_at_most_eight_clients_on_two_declared_gpu
         _stop(head, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
         shutil.rmtree(ray_dir, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"simulation on the Ray cluster at 127.0.0.1:{port}, 1 CPU(s) and 0.25 GPU per client" in done.stdout
+    assert f"simulation on the Ray cluster at 127.0.0.1:{port}, 1 CPU(s) and 0.5 GPU per client" in done.stdout
     assert not processes_mentioning(str(ray_dir)), "the Ray head was not stopped"
     (run_dir,) = list((tmp_path / "runs").iterdir())
     assert read_status(run_dir)["status"] == "completed"
     clients = read_records(run_dir, "client")
-    assert sorted((r["round"], r["partition_id"]) for r in clients) == [(n, p) for n in (1, 2) for p in range(12)]
+    assert sorted((r["round"], r["partition_id"]) for r in clients) == [(n, p) for n in (1, 2) for p in range(6)]
 
-    # Ray's accounting while round 2 trains: 8 of the 12 CPUs and both GPUs are held, i.e. 8
-    # actors of (1 CPU, 0.25 GPU): the GPUs, not the CPUs, capped the pool.
+    # Ray's accounting while round 2 trains: 4 of the 12 CPUs and both GPUs are held, i.e. 4
+    # actors of (1 CPU, 0.5 GPU): the GPUs, not the CPUs, capped the pool.
     second = [r for r in clients if r["round"] == 2]
-    assert {(r["probe_gpus_free"], r["probe_cpus_free"]) for r in second} == {(0.0, 4.0)}
-    # Each actor that ran a client holds a quarter of GPU 0 or GPU 1, at most four per GPU.
+    assert {(r["probe_gpus_free"], r["probe_cpus_free"]) for r in second} == {(0.0, 8.0)}
+    # Each actor that ran a client holds half of GPU 0 or GPU 1, at most two per GPU.
     actors = {r["probe_pid"]: r["probe_gpu_id"] for r in clients}
-    assert {r["probe_gpu_share"] for r in clients} == {0.25}
-    assert len(actors) <= 8 and set(actors.values()) <= {0, 1} and max(Counter(actors.values()).values()) <= 4
-    # An actor runs one client at a time: at most 8 of the 12 train at once (fewer where
+    assert {r["probe_gpu_share"] for r in clients} == {0.5}
+    assert len(actors) <= 4 and set(actors.values()) <= {0, 1} and max(Counter(actors.values()).values()) <= 2
+    # An actor runs one client at a time: at most 4 of the 6 train at once (fewer where
     # Flower's thread pool is smaller), and round 2, every actor warm, reaches that cap.
     spans = [(r["probe_start"], r["probe_end"]) for r in clients]
     peak = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
-    assert peak == min(8, FLOWER_THREADS), sorted(spans)
+    assert peak == min(4, FLOWER_THREADS), sorted(spans)
     # device: cpu trains on the CPU; device: auto there would too, though Ray shows each
     # actor its GPU in CUDA_VISIBLE_DEVICES.
     assert {(r["probe_trained_on_cpu"], r["probe_auto_is_cuda"]) for r in clients} == {(1, 0)}
