@@ -1,8 +1,8 @@
 """Deployment and scale-out: ``fedmech deploy-local`` (SuperLink + SuperNodes, TLS, SuperNode
 auth), an existing Ray cluster for simulation, and the node-side data path.
 
-The integration test here stops a deployment with SIGTERM, which must leave nothing behind
-(about 20 s). A deployment under TLS and SuperNode auth that refuses an unregistered node
+The integration test here stops a deployment under SuperNode auth, its credentials made by
+``deploy-local``, with SIGTERM, which must leave nothing behind (about 20 s). A deployment under TLS and SuperNode auth that refuses an unregistered node
 is in ``test_deploy_node_data.py``, simulation on a Ray cluster in ``test_ray_cluster.py``.
 """
 
@@ -85,10 +85,12 @@ def test_missing_credentials_name_the_files_and_the_script(tmp_path):
 
 @pytest.mark.integration
 def test_deploy_local_stops_everything_on_sigterm(tmp_path):
+    """With ``--auth`` and no ``--certs``: deploy-local makes the credentials itself."""
     port = _free_port()
-    deploy = fedmech("deploy-local", tmp_path, "--port", str(port))
+    deploy = fedmech("deploy-local", tmp_path, "--auth", "--port", str(port))
     try:
         wait_for_line(tmp_path / "fedmech.log", "2 SuperNodes online", deploy)
+        assert "(TLS, SuperNode auth)" in (tmp_path / "fedmech.log").read_text()
         assert len(processes_mentioning(f"127.0.0.1:{port}")) >= 3  # SuperLink and two SuperNodes
         deploy.send_signal(signal.SIGTERM)
         assert deploy.wait(timeout=120) == 128 + signal.SIGTERM
