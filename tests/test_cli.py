@@ -364,22 +364,43 @@ def test_a_closed_pipe_ends_quietly_with_exit_0():
     assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith("DATASETS")
 
 
-def test_sigterm_and_sighup_stop_a_command_only_inside_it(capsys):
+def test_ctrl_c_sigterm_and_sighup_stop_a_command_only_inside_it(capsys):
     """``main`` leaves a process's own handlers alone (a test runner's SIGTERM stays its
-    own); inside a run's block SIGTERM and SIGHUP unwind as Ctrl-C does, with the shell's
-    exit code, and the handlers come back after it."""
+    own); inside a run's block Ctrl-C, SIGTERM and SIGHUP raise ``Stopped``, a
+    ``KeyboardInterrupt``, with the shell's exit code, and the handlers come back after it."""
     import signal
 
     from fedmech_flwr.tools.finish import Stopped, exit_code, stopped_by_signals
 
-    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = [signal.getsignal(s) for s in caught]
     assert main(["list", "strategies"]) == 0
-    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
-    for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+    assert [signal.getsignal(s) for s in caught] == before
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)):
         with pytest.raises(Stopped) as info, stopped_by_signals():
             os.kill(os.getpid(), sig)
             for _ in range(100):  # the handler runs between two bytecodes of this thread
                 time.sleep(0.01)
         assert isinstance(info.value, KeyboardInterrupt) and exit_code(info.value) == code
-        assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
+        assert [signal.getsignal(s) for s in caught] == before
     assert exit_code(KeyboardInterrupt()) == 130
+
+
+def test_a_failure_the_stop_caused_is_an_interruption_and_one_before_it_stays(tmp_path):
+    """A stop ends every process of a run at once: where the clients' actors go first, the
+    ServerApp records their loss as a failure, after the stop came. That run is interrupted
+    and resumable; a run that failed before the stop keeps its failure."""
+    import signal
+
+    from fedmech_flwr.run_folder import RunFolder, read_status
+    from fedmech_flwr.tools.finish import Stopped, interrupt_run
+
+    before, after = RunFolder.create(tmp_path, "before"), RunFolder.create(tmp_path, "after")
+    before.record_end("failed", "ClientFailure: round 1: client 0 failed (non-finite weights)", True)
+    stop = Stopped(signal.SIGHUP)
+    after.record_end("failed", "ClientFailure: round 2: 2 of 2 clients failed (lost their actors)", True)
+    for folder in (before, after):
+        interrupt_run(folder.path, stop)
+    assert read_status(before.path)["error"].startswith("ClientFailure: round 1")
+    status = read_status(after.path)
+    assert (status["status"], status["error"], status["resumable"]) == ("interrupted", "stopped by SIGHUP", True)

@@ -12,10 +12,12 @@ without running a round again. Ctrl-C, SIGTERM and SIGHUP leave the run interrup
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,13 +35,15 @@ PAPER_VALUES = APP_DIR / "experiments" / "paper" / "values.yaml"
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (a scheduler, ``timeout``, ``docker stop``, a closed terminal),
-    raised where Ctrl-C raises ``KeyboardInterrupt``, so that it unwinds the same way:
-    every process the command started is stopped, and the run says how to continue."""
+    """Ctrl-C, SIGTERM or SIGHUP (a scheduler, ``timeout``, ``docker stop``, a closed
+    terminal), a ``KeyboardInterrupt`` so that each unwinds as Ctrl-C always did: every
+    process the command started is stopped, and the run says how to continue. ``at``: when
+    it came (``interrupt_run`` reads a status written after it as the stop's doing)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.at = time.time()
 
 
 def exit_code(stop: KeyboardInterrupt) -> int:
@@ -49,14 +53,14 @@ def exit_code(stop: KeyboardInterrupt) -> int:
 
 @contextmanager
 def stopped_by_signals() -> Iterator[None]:
-    """In this block, SIGTERM and SIGHUP raise ``Stopped``; a second one, while the first
-    unwinds, is ignored so that the cleanup ends. The handlers in place before come back
+    """In this block, Ctrl-C, SIGTERM and SIGHUP raise ``Stopped``; a second one, while the
+    first unwinds, is ignored so that the cleanup ends. The handlers in place before come back
     after the block (a test's process keeps its own). Only the main thread can set them:
     elsewhere the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught = (signal.SIGTERM, signal.SIGHUP)
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def stop(signum: int, _frame: Any) -> None:
         for s in caught:
@@ -118,8 +122,14 @@ def finish_run(run_dir: Path, flower_status: str, logs_error: str | None = None,
 
 def interrupt_run(run_dir: Path, stop: KeyboardInterrupt) -> None:
     """Once every process the run started is stopped: a run still "running" (its ServerApp
-    stopped before it could say so) is marked interrupted, resumable, naming the signal."""
-    if read_status(run_dir)["status"] != "running":
+    stopped before it could say so), or failed after the stop came (the clients' actors
+    stopped first, and the ServerApp recorded their loss), is marked interrupted,
+    resumable, naming the signal. A failure recorded before the stop stays."""
+    status = read_status(run_dir)
+    at = getattr(stop, "at", None)
+    failed_by_the_stop = (status["status"] == "failed" and at is not None
+                          and dt.datetime.fromisoformat(status["updated_at"]).timestamp() >= at)
+    if status["status"] != "running" and not failed_by_the_stop:
         return
     signum = getattr(stop, "signum", signal.SIGINT)
     RunFolder(run_dir).record_end("interrupted", f"stopped by {signal.Signals(signum).name}", True)
