@@ -397,10 +397,13 @@ def test_a_failure_the_stop_caused_is_an_interruption_and_one_before_it_stays(tm
 
     before, after = RunFolder.create(tmp_path, "before"), RunFolder.create(tmp_path, "after")
     before.record_end("failed", "ClientFailure: round 1: client 0 failed (non-finite weights)", True)
+    mended = RunFolder.create(tmp_path, "mended")
+    (mended.path / "status.json").write_text('{"status": "failed"}')  # as a damaged file's error says to write
     stop = Stopped(signal.SIGHUP)
     after.record_end("failed", "ClientFailure: round 2: 2 of 2 clients failed (lost their actors)", True)
-    for folder in (before, after):
+    for folder in (before, mended, after):
         interrupt_run(folder.path, stop)
     assert read_status(before.path)["error"].startswith("ClientFailure: round 1")
+    assert read_status(mended.path) == {"status": "failed"}
     status = read_status(after.path)
     assert (status["status"], status["error"], status["resumable"]) == ("interrupted", "stopped by SIGHUP", True)

@@ -127,8 +127,9 @@ def interrupt_run(run_dir: Path, stop: KeyboardInterrupt) -> None:
     resumable, naming the signal. A failure recorded before the stop stays."""
     status = read_status(run_dir)
     at = getattr(stop, "at", None)
-    failed_by_the_stop = (status["status"] == "failed" and at is not None
-                          and dt.datetime.fromisoformat(status["updated_at"]).timestamp() >= at)
+    written = status.get("updated_at")  # none in a status.json mended by hand
+    failed_by_the_stop = (status["status"] == "failed" and at is not None and written is not None
+                          and dt.datetime.fromisoformat(written).timestamp() >= at)
     if status["status"] != "running" and not failed_by_the_stop:
         return
     signum = getattr(stop, "signum", signal.SIGINT)
