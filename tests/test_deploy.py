@@ -1,9 +1,10 @@
-"""Deployment and scale-out: ``fedmech deploy-local`` (SuperLink + SuperNodes, TLS, SuperNode
-auth), an existing Ray cluster for simulation, and the node-side data path.
+"""Deployment: ``fedmech deploy-local`` (SuperLink + SuperNodes, TLS, SuperNode auth) and the
+node-side data path.
 
 The integration test here stops a deployment under SuperNode auth, its credentials made by
-``deploy-local``, with SIGTERM, which must leave nothing behind (about 20 s). A deployment under TLS and SuperNode auth that refuses an unregistered node
-is in ``test_deploy_node_data.py``, simulation on a Ray cluster in ``test_ray_cluster.py``.
+``deploy-local``, with SIGTERM, which must leave nothing behind (about 20 s). A deployment
+that turns away an unregistered node is in ``test_deploy_node_data.py``, simulation on a
+Ray cluster in ``test_ray_cluster.py``.
 """
 
 from __future__ import annotations

@@ -143,7 +143,9 @@ def weights(run_dir: Path) -> bytes:
 
 def test_a_run_trains_on_both_nodes_and_ends_as_on_a_private_ray(private_run, cluster, tmp_path):
     run_dir = finished(run(tmp_path, f"simulation.ray_address={cluster.address}"), tmp_path)
-    assert f"simulation uses the existing Ray cluster at {cluster.address}" in (tmp_path / "fedmech.log").read_text()
+    output = (tmp_path / "fedmech.log").read_text()
+    assert f"simulation uses the existing Ray cluster at {cluster.address}" in output and f"completed: {run_dir}" in output
+    assert [r["round"] for r in read_records(run_dir, "eval")] == [0, 1, 2, 3]
     nodes = client_nodes(run_dir)
     assert set(nodes.values()) == {cluster.raylet(node)[1] for node in cluster.nodes}, "clients did not use both nodes"
     assert weights(run_dir) == weights(private_run)
