@@ -7,6 +7,12 @@ Every due round it puts side by side, on the test set, overall and per class:
 - ``probe``: a fresh linear classifier on the global model's frozen penultimate features
   (standardised), trained on the audit set's training split, epoch selected on its
   validation split: how much class information the features still carry;
+- ``probe_pooled`` (``pooled_probe``): the same question asked with every client's training
+  shard pooled (the paper's probe), a simulation-only oracle: no real federation's server
+  holds its clients' data. ``selected`` trains it like ``probe``, with its epoch picked on a
+  held-out part of the pooled data; ``paper`` repeats the authors' probe (their
+  ``analysis/train_probes.py``: Adam lr 1e-4, 50 epochs, batch 128, raw features, PyTorch's
+  default initialisation, the last epoch);
 - ``realigned``: the global head finetuned alone on ``head_samples`` balanced samples of
   the training split, epoch selected on the validation split;
 - ``realigned_test_selected``: the same finetuning with the epoch picked by test accuracy
@@ -18,6 +24,12 @@ Every due round it puts side by side, on the test set, overall and per class:
   ``query.diagnose`` round trip);
 - gaps ``probe - global`` and ``realigned - global``, overall and per class, as fractions of
   the test set (0.136 is 13.6 percentage points; the console and the table show pp).
+
+Every probe record carries its learning curve: its test accuracy trained on a quarter, a
+half and all of its training data (nested, class-stratified subsets). A probe whose last
+doubling still gains more than ``UNDER_POWERED_GAIN`` is ``under_powered``, flagged
+wherever its value is shown: it measures how much its data can teach a linear layer as
+much as what the features carry.
 
 Every head's record carries its most predicted class and that class's share of the test
 images (``max_predicted_class``, ``max_predicted_fraction``): above ``DEGENERATE_FRACTION``
@@ -61,6 +73,7 @@ from fedmech_flwr.api import (
     LinearTrainConfig,
     Metric,
     Outputs,
+    either,
     RoundState,
     Scores,
     balanced_split,
@@ -78,11 +91,23 @@ from fedmech_flwr.api import (
     tau_normalize,
     torch_generator,
     train_linear,
+    under_powered,
 )
 
 log = logging.getLogger(__name__)
 
-CURVES = ("global", "probe", "realigned", "realigned_test_selected", "tau_norm", "ncm", "ccvr")
+CURVES = ("global", "probe", "probe_pooled", "realigned", "realigned_test_selected", "tau_norm", "ncm", "ccvr")
+PROBES = ("probe", "probe_pooled")
+"""The linear probes, each with its learning curve."""
+LEARNING_CURVE = (0.25, 0.5, 1.0)
+"""Shares of a probe's training data its learning curve is measured at."""
+UNDER_POWERED_GAIN = 0.01
+"""A probe whose test accuracy gains more than this (1 point) from its last doubling of
+training data is under-powered."""
+PAPER_PROBE = LinearTrainConfig(epochs=50, batch_size=128, lr=1e-4, weight_decay=0.0, schedule="constant")
+"""The authors' probe optimiser (Adam, i.e. AdamW without weight decay, constant rate)."""
+POOLED_NOTE = ("trained on every client's training shard pooled: a simulation-only oracle, which no real "
+               "federation's server holds")
 
 
 @dataclass
@@ -93,6 +118,17 @@ class MisalignmentConfig:
         default_factory=lambda: LinearTrainConfig(epochs=50, batch_size=64, lr=1e-2, weight_decay=1e-3)
     )
     """How the linear probe is trained (from zero weights, on standardised features)."""
+    pooled_probe: Literal["none", "selected", "paper"] = "none"
+    """Also probe with every client's training shard pooled (``probe_pooled``, the paper's
+    probe; simulation only): ``selected`` trains it with ``pooled_train``, epoch picked on
+    ``pooled_validation_fraction`` of the pooled data; ``paper`` repeats the authors' probe
+    (Adam lr 1e-4, 50 epochs, batch 128, raw features, the last epoch)."""
+    pooled_validation_fraction: float = field(default=0.1, metadata={"gt": 0.0, "lt": 1.0})
+    """Share of the pooled data held out to select the ``selected`` probe's epoch."""
+    pooled_train: LinearTrainConfig = field(
+        default_factory=lambda: LinearTrainConfig(epochs=20, batch_size=256, lr=1e-3, weight_decay=1e-4)
+    )
+    """How the ``selected`` pooled probe is trained (from zero weights, on standardised features)."""
     probe_layers: list[str] = field(default_factory=list)
     """Gated layers to probe as well (average-pooled), e.g. [conv2]."""
     probe_clients: bool = False
@@ -138,23 +174,35 @@ def check_misalignment(params: MisalignmentConfig, cfg: ExperimentConfig, data: 
 
 
 def _head(label: str, key: str, doc: str = "") -> Metric:
-    return Metric(label, (key, "accuracy"), "%", better="higher", per_class=(key, "per_class"), flag=one_class((key,)),
-                  doc=doc)
+    flag = either(one_class((key,)), under_powered((key,))) if key in PROBES else one_class((key,))
+    return Metric(label, (key, "accuracy"), "%", better="higher", per_class=(key, "per_class"), flag=flag, doc=doc)
+
+
+def _gap(label: str, key: str, path: tuple[str, ...], per_class: tuple[str, ...]) -> Metric:
+    flag = one_class(("global",), (key,))
+    return Metric(label, path, "pp", per_class=per_class,
+                  flag=either(flag, under_powered((key,))) if key in PROBES else flag)
 
 
 OUTPUTS = Outputs(
     "Preserved or misaligned (misalignment diagnostic)",
     {"global": _head("global", "global", "global model"),
      "probe": _head("probe", "probe", "linear probe on its frozen features"),
+     "probe_pooled": _head("pooled-data probe", "probe_pooled",
+                           "linear probe on its frozen features, trained on every client's data pooled "
+                           "(simulation only)"),
      "realigned": _head("realigned (val-selected)", "realigned", "its head retrained alone"),
      "realigned_test_selected": _head("realigned (test-selected)", "realigned_test_selected"),
      "ncm": _head("NCM", "ncm"), "ccvr": _head("CCVR", "ccvr"), "tau_norm": _head("tau-norm", "tau_norm"),
-     "gaps.probe": Metric("probe − global", ("gaps", "probe"), "pp", per_class=("per_class_gaps", "probe"),
-                          flag=one_class(("global",), ("probe",))),
-     "gaps.realigned": Metric("realigned − global", ("gaps", "realigned"), "pp",
-                              per_class=("per_class_gaps", "realigned"), flag=one_class(("global",), ("realigned",)))},
-    curves=("gaps.probe",), headline=("probe", "gaps.probe"), by_skew=("global", "probe", "realigned"))
-"""Every head's accuracy (one-class heads flagged) and the gaps the paper's claim is about."""
+     "gaps.probe": _gap("probe − global", "probe", ("gaps", "probe"), ("per_class_gaps", "probe")),
+     "gaps.probe_pooled": _gap("pooled probe − global", "probe_pooled", ("probe_pooled", "gap"),
+                               ("probe_pooled", "per_class_gap")),
+     "gaps.realigned": _gap("realigned − global", "realigned", ("gaps", "realigned"),
+                            ("per_class_gaps", "realigned"))},
+    curves=("gaps.probe", "gaps.probe_pooled"), headline=("probe", "gaps.probe", "probe_pooled", "gaps.probe_pooled"),
+    by_skew=("global", "probe", "realigned"))
+"""Every head's accuracy (one-class heads and under-powered probes flagged) and the gaps the
+paper's claim is about."""
 
 
 @DIAGNOSTICS.register("misalignment", MisalignmentConfig, check=check_misalignment, outputs=OUTPUTS)
@@ -169,6 +217,9 @@ class Misalignment(Diagnostic):
 
     def needs_global_pass(self) -> bool:
         return bool(self.params.client_stats)
+
+    def needs_pooled_data(self) -> bool:
+        return self.params.pooled_probe != "none"
 
     def client_side_global(self, ctx: GlobalContext) -> dict[str, Any]:
         start = time.perf_counter()
@@ -191,6 +242,9 @@ class Misalignment(Diagnostic):
         clock.lap("features")
         results["probe"] = self._probe(f_audit, y_audit, f_test, y_test, splits, n, probe_seed)
         clock.lap("probe")
+        if p.pooled_probe != "none":
+            results["probe_pooled"] = self._pooled_probe(state, model, f_test, y_test, probe_seed)
+        clock.lap("probe_pooled")
 
         def head_data(idx):
             return f_audit[idx], y_audit[idx]
@@ -215,6 +269,9 @@ class Misalignment(Diagnostic):
         results["per_class_gaps"] = {
             k: _class_gap(results[k]["per_class"], results["global"]["per_class"]) for k in ("probe", "realigned")
         }
+        if pooled := results.get("probe_pooled"):  # its own record holds its gap: absent where it did not run
+            pooled["gap"] = pooled["accuracy"] - results["global"]["accuracy"]
+            pooled["per_class_gap"] = _class_gap(pooled["per_class"], results["global"]["per_class"])
         for layer in p.probe_layers:
             results.setdefault("layers", {})[layer] = self._probe(layers_audit[layer], y_audit, layers_test[layer], y_test,
                                                                   splits, n, probe_seed)
@@ -243,21 +300,30 @@ class Misalignment(Diagnostic):
         return DiagnosticResult(metrics=results)
 
     def _probe(self, f_audit, y_audit, f_test, y_test, splits: _Splits, n: int, seed: int) -> dict[str, Any]:
-        """A fresh linear classifier on standardised features, epoch selected on validation."""
-        f_train = f_audit[splits.train]
-        mean, std = f_train.mean(0), f_train.std(0)
-        std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
-        norm = lambda f: (f - mean) / std  # noqa: E731
-        zero = LinearHead(torch.zeros(n, f_audit.shape[1]), torch.zeros(n))
-        snapshots = train_linear(norm(f_train), y_audit[splits.train], zero, self.params.probe,
-                                 torch.Generator().manual_seed(seed))[1:]
-        f_val, y_val = norm(f_audit[splits.validation]), y_audit[splits.validation]
-        chosen = best_epoch(snapshots, f_val, y_val, n)
-        return {
-            **_scores(score(snapshots[chosen], norm(f_test), y_test, n)),
-            "validation_accuracy": score(snapshots[chosen], f_val, y_val, n).accuracy,
-            "epoch": chosen + 1,
-        }
+        """The audit probe: a fresh linear classifier on the audit training split, epoch
+        selected on its validation split, with its learning curve."""
+        return fit_probe(f_audit[splits.train], y_audit[splits.train], f_audit[splits.validation],
+                         y_audit[splits.validation], f_test, y_test, n, self.params.probe, seed)
+
+    def _pooled_probe(self, state: RoundState, model: FedMechModel, f_test, y_test, seed: int) -> dict[str, Any]:
+        """The probe on every client's training shard pooled (``pooled_probe``), features
+        computed in chunks."""
+        if "pooled" not in state.datasets:
+            raise ConfigError("pooled_probe needs every client's training data on the server, which only a "
+                              "`fedmech run` simulation (or `fedmech diagnose`) holds; set pooled_probe: none",
+                              "misalignment.pooled_probe")
+        x, y = state.datasets["pooled"]
+        f = features(model, x)
+        n, p = state.num_classes, self.params
+        if p.pooled_probe == "paper":
+            record = fit_probe(f, y, None, None, f_test, y_test, n, PAPER_PROBE, seed, standardise=False)
+        else:
+            generator = torch_generator(state.seed, "misalignment-pooled-split", None, state.server_round)
+            order = torch.randperm(len(y), generator=generator)
+            held = order[: max(1, int(round(p.pooled_validation_fraction * len(y))))]
+            kept = order[len(held):].sort().values
+            record = fit_probe(f[kept], y[kept], f[held], y[held], f_test, y_test, n, p.pooled_train, seed)
+        return {**record, "recipe": p.pooled_probe, "samples": len(y), "note": POOLED_NOTE}
 
     def _client(self, model: FedMechModel, x_audit, y_audit, x_test, y_test, splits: _Splits, n: int, seed: int) -> dict[str, Any]:
         f_audit, f_test = features(model, x_audit), features(model, x_test)
@@ -305,6 +371,61 @@ class Misalignment(Diagnostic):
                                f"Per-class gap: {key} - global (test recall, as a fraction)",
                                plots_dir / f"misalignment_gap_{key}.png", vmin=-1.0, vmax=1.0, cmap="RdBu"))
         return out
+
+
+def fit_probe(f_train, y_train, f_val, y_val, f_test, y_test, n: int, cfg: LinearTrainConfig, seed: int,
+              standardise: bool = True) -> dict[str, Any]:
+    """A fresh linear probe on ``(f_train, y_train)`` scored on the test set, with its
+    learning curve (``LEARNING_CURVE``: nested, class-stratified shares of the training
+    data, each trained alike) and whether it is ``under_powered``.
+
+    With a validation set: standardised features, zero initial weights, the epoch with the
+    best validation accuracy. Without one (the authors' probe): PyTorch's default
+    initialisation (seeded) and the last epoch. The full-data probe is the recorded one."""
+    subsets = _nested_shares(y_train, LEARNING_CURVE, torch.Generator().manual_seed(seed))
+    fits = [_fit(f_train[idx], y_train[idx], f_val, y_val, f_test, y_test, n, cfg, seed, standardise)
+            for idx in subsets[:-1]]
+    fits.append(_fit(f_train, y_train, f_val, y_val, f_test, y_test, n, cfg, seed, standardise))
+    accuracy = [fit["accuracy"] for fit in fits]
+    return {**fits[-1], "learning_curve": {"samples": [len(idx) for idx in subsets], "accuracy": accuracy},
+            "under_powered": accuracy[-1] - accuracy[-2] > UNDER_POWERED_GAIN}
+
+
+def _nested_shares(y: torch.Tensor, shares: Sequence[float], generator: torch.Generator) -> list[torch.Tensor]:
+    """Indices of ``shares`` of ``y``, each subset inside the next and every class in the same
+    proportion (at least one sample of each class present)."""
+    order = torch.randperm(len(y), generator=generator)
+    by_class = [order[y[order] == c] for c in torch.unique(y).tolist()]
+    return [torch.cat([idx[: max(1, int(round(share * len(idx))))] for idx in by_class]).sort().values
+            for share in shares]
+
+
+def _fit(f_train, y_train, f_val, y_val, f_test, y_test, n: int, cfg: LinearTrainConfig, seed: int,
+         standardise: bool) -> dict[str, Any]:
+    """One probe (see ``fit_probe``): its test scores, and its epoch and validation accuracy
+    where a validation set selected it."""
+    if standardise:
+        mean, std = f_train.mean(0), f_train.std(0)
+        std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
+    else:
+        mean, std = torch.zeros(f_train.shape[1]), torch.ones(f_train.shape[1])
+    norm = lambda f: (f - mean) / std  # noqa: E731
+    if f_val is None:
+        layer = torch.nn.Linear(f_train.shape[1], n)
+        generator = torch.Generator().manual_seed(seed)
+        torch.nn.init.kaiming_uniform_(layer.weight, a=5 ** 0.5, generator=generator)
+        bound = 1 / f_train.shape[1] ** 0.5
+        torch.nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+        start = LinearHead(layer.weight.detach(), layer.bias.detach())
+    else:
+        start = LinearHead(torch.zeros(n, f_train.shape[1]), torch.zeros(n))
+    snapshots = train_linear(norm(f_train), y_train, start, cfg, torch.Generator().manual_seed(seed))[1:]
+    if f_val is None:
+        return _scores(score(snapshots[-1], norm(f_test), y_test, n))
+    f_val = norm(f_val)
+    chosen = best_epoch(snapshots, f_val, y_val, n)
+    return {**_scores(score(snapshots[chosen], norm(f_test), y_test, n)),
+            "validation_accuracy": score(snapshots[chosen], f_val, y_val, n).accuracy, "epoch": chosen + 1}
 
 
 def degenerate_heads(record: dict[str, Any]) -> list[str]:

@@ -30,8 +30,8 @@ What is here, by role:
   circuit-masked averaging reads the circuits diagnostic's masks), ``Resumable`` (state
   that a resumed run restores), ``Clock``.
 - **what a plug-in records**: ``Metric`` and ``Outputs`` (declared with ``outputs=`` at
-  registration, so every view shows them), ``record_key``, ``one_class``, ``lookup``,
-  ``DEGENERATE_FRACTION``.
+  registration, so every view shows them), ``record_key``, ``one_class``, ``under_powered``,
+  ``either``, ``lookup``, ``DEGENERATE_FRACTION``.
 - **models**: ``FedMechModel`` (features, head, gated layers), ``build_model``,
   ``wrap_module``, ``register_module``, ``ChannelGroup``.
 - **seeds**: ``seed_for``, ``numpy_rng``, ``torch_generator``: a named stream of the run's
@@ -109,7 +109,7 @@ from fedmech_flwr.hooks import (
 )
 from fedmech_flwr.masks import MaskLike, pack_masks, to_bools, unpack_masks
 from fedmech_flwr.models import MODELS, ChannelGroup, FedMechModel, build_model, register_module, wrap_module
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, lookup, one_class
+from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, Outputs, either, lookup, one_class, under_powered
 from fedmech_flwr.partition import PARTITIONERS
 from fedmech_flwr.registry import Entry, Registry
 from fedmech_flwr.run_folder import CHECKPOINT_DIR, CONFIG_FILE, FINAL_MODEL_FILE, read_records, record_key, round_file
@@ -157,7 +157,7 @@ __all__ = [
     "ClientContext", "ClientUpdate", "Clock", "Diagnostic", "DiagnosticResult", "GlobalContext", "Resumable",
     "RoundState", "decode_results",
     # what a plug-in records
-    "DEGENERATE_FRACTION", "Metric", "Outputs", "lookup", "one_class", "record_key",
+    "DEGENERATE_FRACTION", "Metric", "Outputs", "either", "lookup", "one_class", "record_key", "under_powered",
     # models
     "ChannelGroup", "FedMechModel", "build_model", "register_module", "wrap_module",
     "channels_last", "channels_last_copy", "largest_predicted_class", "resolve_device",

@@ -173,8 +173,9 @@ class FederationConfig:
     round_timeout_s: float = field(default=3600.0, metadata={"gt": 0.0})
     """How long the server waits for the replies of one round; later replies fail."""
     checkpoint_every: int = field(default=1, metadata={"ge": 1})
-    """Write ``checkpoints/round_NNN`` every N rounds and after the last. Independent of
-    the resume point (``state.safetensors``), which is replaced every round."""
+    """Write ``checkpoints/round_NNN`` every N rounds, after the last, and after every round
+    a diagnostic ran in (so ``fedmech diagnose`` can rerun it there). Independent of the
+    resume point (``state.safetensors``), which is replaced every round."""
 
 
 @dataclass

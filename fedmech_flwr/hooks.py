@@ -78,8 +78,10 @@ class RoundState:
     clients: dict[int, ClientUpdate]
     """Successful clients of this round, keyed by partition-id (ascending)."""
     datasets: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    """Server-held labelled data by name: ``test`` (the test set) and, when the config
-    names one (``data.audit_per_class``), ``audit`` (held out from every client)."""
+    """Server-held labelled data by name: ``test`` (the test set); when the config names one
+    (``data.audit_per_class``), ``audit`` (held out from every client); and, for a
+    diagnostic whose ``needs_pooled_data`` says so, ``pooled`` (every client's training
+    shard, which only a simulation's server holds)."""
     num_classes: int
     build_model: Callable[[NamedArrays], FedMechModel]
     """A fresh model (eval mode, on the run's device) holding the given arrays."""
@@ -156,6 +158,12 @@ class Diagnostic:
     def needs_global_pass(self) -> bool:
         """Whether this diagnostic asks for the post-aggregation client round trip."""
         return type(self).client_side_global is not Diagnostic.client_side_global
+
+    def needs_pooled_data(self) -> bool:
+        """Whether ``server_side`` reads ``RoundState.datasets["pooled"]``: every client's
+        training shard pooled, a simulation-only oracle (no real federation's server holds
+        its clients' data)."""
+        return False
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
         raise NotImplementedError

@@ -224,6 +224,28 @@ def one_class(*heads: tuple[str, ...]) -> Flag:
     return rule
 
 
+def under_powered(*probes: tuple[str, ...]) -> Flag:
+    """Flag a value that rests on an under-powered probe: any of ``probes`` (paths to probe
+    records) says ``under_powered`` (its last doubling of training data still gained, so it
+    measures its data as much as the features)."""
+    def rule(record: dict[str, Any]) -> str | None:
+        found = []
+        for path in probes:
+            value: Any = record
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            found.append(isinstance(value, dict) and value.get("under_powered") is True)
+        return "under-powered" if any(found) else None
+    return rule
+
+
+def either(*rules: Flag) -> Flag:
+    """A validity rule that raises every flag of ``rules``, joined: ``one class; under-powered``."""
+    def rule(record: dict[str, Any]) -> str | None:
+        return "; ".join(flag for r in rules if (flag := r(record))) or None
+    return rule
+
+
 EVAL = Outputs("Global model", {
     "accuracy": Metric("global test accuracy", ("accuracy",), "%", better="higher", per_class=("per_class_accuracy",),
                        flag=one_class(())),

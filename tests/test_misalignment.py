@@ -17,7 +17,17 @@ import yaml
 from conftest import rolled_head, small_cnn
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
-from fedmech_flwr.builtin.diagnostics.misalignment import Misalignment, MisalignmentConfig, check_misalignment, degenerate_heads
+from fedmech_flwr.builtin.diagnostics.misalignment import (
+    LEARNING_CURVE,
+    OUTPUTS,
+    UNDER_POWERED_GAIN,
+    Misalignment,
+    MisalignmentConfig,
+    _nested_shares,
+    check_misalignment,
+    degenerate_heads,
+    fit_probe,
+)
 from fedmech_flwr.builtin.diagnostics.misalignment_table import skew_gaps, table, table_row
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
@@ -189,8 +199,8 @@ def test_a_head_that_predicts_one_class_is_flagged(separable_cnn, caplog):
     row = table_row(Path("run"), {"data": {"partition": {"name": "iid"}}, "strategy": {"name": "fedavg"},
                                   "client": {"name": "plain"}}, {**record, "round": 3})
     assert row["global (%)"] == f"{100 * record['global']['accuracy']:.1f} ⚑ one class"
-    assert row["probe − global (pp)"].endswith("⚑ one class")  # a gap against a one-class head
-    assert "⚑" not in row["probe (%)"]
+    assert "⚑ one class" in row["probe − global (pp)"]  # a gap against a one-class head
+    assert "one class" not in row["probe (%)"]
 
 
 def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp_path):
@@ -213,3 +223,80 @@ def test_an_audit_set_that_overlaps_the_test_set_is_refused(make_cfg, tmp_path, 
     with pytest.raises(ConfigError, match="audit set shares .* image\\(s\\) with the test set"):
         run_in_process(cfg, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_pooled_probe_trains_on_every_clients_data_and_says_it_is_an_oracle(separable_cnn):
+    model, data = separable_cnn
+    state = round_state(rolled_head(model_arrays(model)), data)
+    state.datasets["pooled"] = (data.x_train, data.y_train)
+    pooled_of = {}
+    for recipe in ("selected", "paper"):
+        diag = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD, pooled_probe=recipe,
+                                               pooled_train=FAST_HEAD))
+        assert diag.needs_pooled_data()
+        metrics = diag.server_side(state).metrics
+        pooled = pooled_of[recipe] = metrics["probe_pooled"]
+        assert pooled["recipe"] == recipe and pooled["samples"] == 400 and "simulation-only" in pooled["note"]
+        assert pooled["gap"] == pytest.approx(pooled["accuracy"] - metrics["global"]["accuracy"])
+        assert len(pooled["per_class_gap"]) == NUM_CLASSES
+        held_out = 0 if recipe == "paper" else 40  # selected: a tenth of the pooled data picks the epoch
+        quarter, half, whole = pooled["learning_curve"]["samples"]  # per class, rounded
+        assert whole == 400 - held_out and abs(half - whole / 2) <= NUM_CLASSES and abs(quarter - whole / 4) <= NUM_CLASSES
+    assert pooled_of["selected"]["accuracy"] > 0.95 and pooled_of["selected"]["epoch"] >= 1
+    assert "epoch" not in pooled_of["paper"]  # the authors' probe: its last epoch, none selected
+    assert not Misalignment(MisalignmentConfig()).needs_pooled_data()
+
+
+def test_the_pooled_probe_refuses_a_server_without_its_clients_data(separable_cnn):
+    model, data = separable_cnn
+    diag = Misalignment(MisalignmentConfig(head_samples=40, head=FAST_HEAD, pooled_probe="selected"))
+    with pytest.raises(ConfigError, match="pooled_probe needs every client's training data"):
+        diag.server_side(round_state(model_arrays(model), data))
+
+
+def test_learning_curve_shares_are_nested_and_keep_every_class():
+    y = torch.tensor([0] * 40 + [1] * 20 + [2] * 8)
+    shares = _nested_shares(y, LEARNING_CURVE, torch.Generator().manual_seed(1))
+    assert [len(s) for s in shares] == [10 + 5 + 2, 20 + 10 + 4, 68]
+    assert set(shares[0].tolist()) <= set(shares[1].tolist()) <= set(shares[2].tolist())
+    assert torch.bincount(y[shares[0]]).tolist() == [10, 5, 2]
+
+
+def test_a_probe_that_still_gains_from_more_data_is_flagged_under_powered():
+    """Known answers: two classes far apart along every one of two dimensions teach a probe
+    all it can learn from a quarter of 100 images a class; classes 0.15 apart along each of
+    200 dimensions, 50 images a class, still gain from every doubling (the probe overfits
+    its noise when it has few images)."""
+    g = torch.Generator().manual_seed(0)
+
+    def sample(n_per_class, dims, shift):
+        y = torch.arange(2).repeat_interleave(n_per_class)
+        return torch.randn(len(y), dims, generator=g) + shift * (2 * y - 1)[:, None], y
+
+    cfg = LinearTrainConfig(epochs=30, batch_size=32, lr=1e-2, weight_decay=0.0)
+    easy = fit_probe(*sample(100, 2, 4.0), *sample(50, 2, 4.0), *sample(200, 2, 4.0), 2, cfg, seed=0)
+    assert easy["learning_curve"]["accuracy"][-1] > 0.99 and easy["under_powered"] is False
+    hard = fit_probe(*sample(50, 200, 0.15), *sample(50, 200, 0.15), *sample(500, 200, 0.15), 2, cfg, seed=0)
+    curve = hard["learning_curve"]["accuracy"]
+    assert curve[-1] - curve[-2] > UNDER_POWERED_GAIN and hard["under_powered"] is True
+    assert hard["accuracy"] == curve[-1]
+
+
+def test_an_under_powered_probe_is_flagged_beside_a_one_class_head():
+    probe, gap = OUTPUTS.metrics["probe"], OUTPUTS.metrics["gaps.probe"]
+    record = {"global": {"max_predicted_fraction": 0.95}, "probe": {"max_predicted_fraction": 0.2, "under_powered": True}}
+    assert probe.flag(record) == "under-powered"
+    assert gap.flag(record) == "one class; under-powered"
+    record["probe"]["under_powered"] = False
+    assert probe.flag(record) is None and gap.flag(record) == "one class"
+
+
+def test_a_run_keeps_the_checkpoints_of_its_diagnosed_rounds_and_the_pooled_probe(make_cfg, tmp_path):
+    cfg = make_cfg("data.audit_per_class=15", "federation.checkpoint_every=5",
+                   "diagnostics=[{name: misalignment, head_samples: 20, rounds: [1], pooled_probe: selected}]")
+    run = run_in_process(cfg, tmp_path)
+    record, = read_records(run, "diagnostic")
+    assert record["round"] == 1 and record["probe_pooled"]["samples"] == sum(
+        r["num_samples"] for r in json.loads((run / "partitions.json").read_text())["clients"])
+    assert sorted(p.name for p in (run / "checkpoints").glob("round_*")) == ["round_001.safetensors",
+                                                                            "round_002.safetensors"]

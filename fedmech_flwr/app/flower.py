@@ -152,6 +152,10 @@ class WithDiagnostics(Strategy):
         info = DataInfo(torch.zeros(0, dtype=torch.long), len(self.test[1]), n, shape, per_class)
         registry = plugin_registries()["diagnostic"]
         for i, spec in enumerate(self.cfg.diagnostics):
+            if spec.build().needs_pooled_data():
+                raise ConfigError(f"diagnostic '{spec.name}' trains on every client's data pooled, which a server "
+                                  "of your own Flower app does not hold (only `fedmech run`'s simulation does); "
+                                  "turn that option off", f"WithDiagnostics config: diagnostics[{i}]")
             if (check := registry.get(spec.name).check) is None:
                 continue
             try:

@@ -15,7 +15,8 @@ rest, in this order:
    (``fedmech_flwr.app.protocol``). Each round ends in ``Run.end_round``: the server's
    evaluation, the divergence check, the due diagnostics (their client-side part through
    ``query.diagnose``), the numbered checkpoint (every ``federation.checkpoint_every``
-   rounds), the resume point, and the console's round line;
+   rounds, and every round a diagnostic ran in), the resume point, and the console's round
+   line;
 4. the end: the final model, the plots, and the status: completed, or failed with a
    one-line reason.
 
@@ -38,6 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -58,6 +60,7 @@ from fedmech_flwr.app.protocol import (
 )
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
+from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
 from fedmech_flwr.experiment import (
     audit_indices,
@@ -350,7 +353,9 @@ class Run:
         if server_round > 0:
             self._diagnose(server_round, arrays if shown is named else to_record(shown), shown)
         state = self.state()
-        if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
+        diagnosed = any(spec.due(server_round) for spec, _ in self.diagnostics)
+        if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds
+                                 or diagnosed):
             folder.checkpoint(server_round, named, state)
         self.committed = ResumePoint(server_round, named, state)
         folder.save_state(self.committed)
@@ -539,6 +544,8 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
     if len(audit):
         datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
+    if any(spec.build().needs_pooled_data() for spec in cfg.diagnostics):
+        datasets["pooled"] = pooled_data(bundle, parts, device)
     context = StrategyContext(bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
                               initial, build, datasets.get("audit"), cfg.federation.num_clients,
                               cfg.pruning.mode == "magnitude")
@@ -557,6 +564,13 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     run = Run(inputs)
     run.execute(grid, initial)
     return run.folder.path
+
+
+def pooled_data(bundle: DatasetBundle, parts: list[np.ndarray], device: torch.device) -> LabelledSet:
+    """Every client's training shard, pooled (a simulation-only oracle: see
+    ``Diagnostic.needs_pooled_data``)."""
+    idx = torch.from_numpy(np.sort(np.concatenate(parts)))
+    return bundle.x_train[idx].to(device), bundle.y_train[idx].to(device)
 
 
 def _reprune(cfg: ExperimentConfig, build: Callable[[NamedArrays], torch.nn.Module], arrays: NamedArrays) -> NamedArrays:
