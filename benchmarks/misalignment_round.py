@@ -25,7 +25,7 @@ from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import read_records
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("client stats", "features", "probe", "realigned", "client_stats", "layers", "clients")
+PARTS = ("client stats", "features", "probe", "probe_pooled", "realigned", "client_stats", "layers", "clients")
 
 
 def round_parts(run_dir: Path) -> list[dict[str, float]]:

@@ -126,9 +126,11 @@ class MisalignmentConfig:
     pooled_validation_fraction: float = field(default=0.1, metadata={"gt": 0.0, "lt": 1.0})
     """Share of the pooled data held out to select the ``selected`` probe's epoch."""
     pooled_train: LinearTrainConfig = field(
-        default_factory=lambda: LinearTrainConfig(epochs=20, batch_size=256, lr=1e-3, weight_decay=1e-4)
+        default_factory=lambda: LinearTrainConfig(epochs=20, batch_size=1024, lr=3e-3, weight_decay=1e-4)
     )
-    """How the ``selected`` pooled probe is trained (from zero weights, on standardised features)."""
+    """How the ``selected`` pooled probe is trained (from zero weights, on standardised
+    features): large batches, since tens of thousands of images make a step cheap to
+    average and costly to take one at a time."""
     probe_layers: list[str] = field(default_factory=list)
     """Gated layers to probe as well (average-pooled), e.g. [conv2]."""
     probe_clients: bool = False

@@ -194,9 +194,10 @@ def headline(records: list[dict[str, Any]]) -> list[str]:
     global model's accuracy, then each diagnostic's and the strategy's), each with its
     flag: ``global test accuracy 10.0% ⚑ one class``, ``local-to-global undefined ⚑ mostly
     empty circuits``. What the console's round line and a sweep's progress line show."""
-    metrics = declared()
+    records = list(records)
+    metrics = declared(records)
     parts = []
-    for record, outputs in declarations().items():
+    for record, outputs in declarations(records).items():
         for key in outputs.headline:
             metric = metrics[f"{record}.{key}"]
             if found := latest(metric, records):
@@ -274,8 +275,31 @@ def declarations(records: Iterable[dict[str, Any]] = ()) -> dict[str, Outputs]:
     (``undeclared``), keyed ``RECORD (undeclared)``. The built-in and installed plug-ins
     are imported first, an experiment's own by whoever reads its runs
     (``run_reader.import_plugins``)."""
+    records = list(records)
     out = _declared_outputs()
+    out.update(reruns(records, out))
     out.update({f"{record} (undeclared)": generic for record, generic in undeclared(records, out).items()})
+    return out
+
+
+RERUN = "@"
+"""``NAME@LABEL``: the records of diagnostic NAME rerun on a run's saved rounds with other
+settings (``fedmech diagnose ... --as LABEL``)."""
+
+
+def reruns(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs]) -> dict[str, Outputs]:
+    """The declarations of the ``NAME@LABEL`` records among ``records``: NAME's own, each
+    label suffixed ``[LABEL]``, so that every view shows a rerun beside the original."""
+    out = {}
+    for record in records:
+        name = record.get("name")
+        if record.get("kind") != "diagnostic" or not isinstance(name, str) or RERUN not in name or name in out:
+            continue
+        base, label = name.split(RERUN, 1)
+        if original := outputs.get(base):
+            out[name] = Outputs(f"{original.title}, rerun as {label} (fedmech diagnose)",
+                                {k: replace(m, label=f"{m.label} [{label}]") for k, m in original.metrics.items()},
+                                curves=original.curves, headline=original.headline)
     return out
 
 
@@ -323,6 +347,7 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
     if not records:
         return {}
     outputs = _declared_outputs() if outputs is None else outputs
+    outputs = {**outputs, **reruns(records, outputs)}
     strategy = outputs.get("strategy")
     skip_strategy = {*RECORD_FIELDS, *CORE_STRATEGY_KEYS, *(strategy.metrics if strategy else ()),
                      *(k for r in records if r.get("kind") == "client" for k in r)}

@@ -12,6 +12,8 @@
                                    and diagnostic state): ``fedmech run --resume RUN --from-checkpoint N``
     <run>/model_final.safetensors  the final global model
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
+    <run>/diagnoses.jsonl          records of diagnostics rerun on saved rounds (``fedmech diagnose``),
+                                   named ``NAME@LABEL``; the run itself never writes it
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
     <run>/status.json              running | completed | failed | interrupted (+ error, resumable, and
                                    the writer: pid, host and process start)
@@ -67,6 +69,7 @@ CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
 PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
+DIAGNOSES_FILE = "diagnoses.jsonl"
 STATUS_FILE = "status.json"
 RESERVE_FILE = ".status-reserve"
 """Space kept for the status while a run is under way: on a full disk it is given up so
@@ -167,14 +170,20 @@ def one_line(text: str) -> str:
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
 
 
-def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The run's metrics.jsonl records (optionally one kind), in the order written.
+def read_diagnoses(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records ``fedmech diagnose`` wrote beside the run's own (none: empty)."""
+    return read_records(run_dir, file=DIAGNOSES_FILE) if (Path(run_dir) / DIAGNOSES_FILE).is_file() else []
+
+
+def read_records(run_dir: str | Path, kind: str | None = None, file: str = METRICS_FILE) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl records (or another file's: ``DIAGNOSES_FILE``), optionally
+    of one kind, in the order written.
 
     A last line cut off by a kill (not JSON) is skipped with a warning; a bad line before
     it, or any line that is JSON but not a record (an object with ``kind`` and ``round``),
     is a ``BadFileError``: the file was edited or damaged, not killed mid-write.
     """
-    path = Path(run_dir) / METRICS_FILE
+    path = Path(run_dir) / file
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a fedmech run folder?")
     lines = path.read_bytes().splitlines()
@@ -505,6 +514,10 @@ class RunFolder:
         save_arrays(self.path / CHECKPOINT_DIR / round_file(server_round), arrays, {"round": str(server_round)})
         save_arrays(self.path / CHECKPOINT_STATE_DIR / round_file(server_round),
                     {**protocol_state, STATE_ROUND: np.asarray(server_round)})
+
+    def checkpoint_models(self) -> list[int]:
+        """The rounds whose global model has a numbered checkpoint."""
+        return sorted(round_of(p) for p in (self.path / CHECKPOINT_DIR).glob(ROUND_FILE_GLOB))
 
     def checkpoint_rounds(self) -> list[int]:
         """The rounds whose numbered checkpoint has its saved state beside it."""

@@ -1,8 +1,9 @@
 """The one reader of run and sweep folders: what ``fedmech status``, ``fedmech report``,
 ``fedmech export`` and ``fedmech plot`` know of a folder, read from its files alone.
 
-Read-only, and only what is committed: whole metrics.jsonl lines (``read_records`` skips a
-torn last one), status.json, sweep.json and sweep.lock (each replaced or made atomically).
+Read-only, and only what is committed: whole lines of metrics.jsonl and of diagnoses.jsonl
+(the records ``fedmech diagnose`` reran on saved rounds; ``read_records`` skips a torn last
+one), status.json, sweep.json and sweep.lock (each replaced or made atomically).
 Whether the process a status.json or a lock names still runs is ``run_folder.writer_of``'s
 one rule: on this host its process is checked; on another host (a folder copied from
 there, or on a disk two machines share) it is named and not checked: running there as far
@@ -52,6 +53,7 @@ from fedmech_flwr.run_folder import (
     SWEEP_MANIFEST_FILE,
     Writer,
     lock_writer,
+    read_diagnoses,
     read_records,
     read_status,
     writer_of,
@@ -259,7 +261,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         run.seconds = (dt.datetime.fromisoformat(status["updated_at"])
                        - dt.datetime.fromisoformat(env["started_at"])).total_seconds()
     if (path / METRICS_FILE).is_file():
-        run.records = read_records(path)
+        run.records = read_records(path) + read_diagnoses(path)  # the run's own, then fedmech diagnose's
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
     if run.status == "running" and run.num_rounds is not None and run.last_round is not None:

@@ -534,25 +534,14 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     """
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     device = resolve_device(cfg.device)
-    bundle = load_data(cfg)
-    parts = client_partitions(cfg, bundle)
-    audit = torch.from_numpy(audit_indices(cfg, bundle))
-    audit_x = bundle.x_train[audit]
-    check_disjoint_from_test(audit_x, bundle.x_test)
+    server = ServerData.of(cfg, device)
+    bundle, parts, datasets = server.bundle, server.parts, server.datasets
     initial = model_arrays(new_model(cfg, bundle, device))
     build = model_builder(cfg, bundle, device)
-    datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
-    if len(audit):
-        datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
-    if any(spec.build().needs_pooled_data() for spec in cfg.diagnostics):
-        datasets["pooled"] = pooled_data(bundle, parts, device)
-    context = StrategyContext(bundle.num_classes, cfg.federation.num_rounds, cfg.seed, cfg.federation.round_timeout_s,
-                              initial, build, datasets.get("audit"), cfg.federation.num_clients,
-                              cfg.pruning.mode == "magnitude")
     hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes).astype(int)
     pruning = cfg.pruning
     inputs = RunInputs(
-        cfg, cfg.to_plain(), STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context), build, device,
+        cfg, cfg.to_plain(), new_strategy(cfg, server, initial, build), build, device,
         bundle.num_classes, list(bundle.class_names), datasets,
         identify=ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()}),
         out_root=output_root(cfg, out), run_dir=run_dir, resume=resume,
@@ -566,11 +555,41 @@ def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None,
     return run.folder.path
 
 
-def pooled_data(bundle: DatasetBundle, parts: list[np.ndarray], device: torch.device) -> LabelledSet:
-    """Every client's training shard, pooled (a simulation-only oracle: see
-    ``Diagnostic.needs_pooled_data``)."""
-    idx = torch.from_numpy(np.sort(np.concatenate(parts)))
-    return bundle.x_train[idx].to(device), bundle.y_train[idx].to(device)
+@dataclass(frozen=True)
+class ServerData:
+    """What the server of ``fedmech run``'s own experiment holds: the dataset, every
+    client's partition, and the labelled sets its diagnostics read (``RoundState.datasets``:
+    ``test``, ``audit`` when the config names one, ``pooled`` when a diagnostic needs it)."""
+
+    bundle: DatasetBundle
+    parts: list[np.ndarray]
+    datasets: dict[str, LabelledSet]
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, device: torch.device) -> ServerData:
+        """Derived from the config and seed alone, as the run made them (``fedmech diagnose``
+        makes them again); the audit set is checked against the test set."""
+        bundle = load_data(cfg)
+        parts = client_partitions(cfg, bundle)
+        audit = torch.from_numpy(audit_indices(cfg, bundle))
+        audit_x = bundle.x_train[audit]
+        check_disjoint_from_test(audit_x, bundle.x_test)
+        datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
+        if len(audit):
+            datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
+        if any(spec.build().needs_pooled_data() for spec in cfg.diagnostics):
+            pooled = torch.from_numpy(np.sort(np.concatenate(parts)))  # every client's shard: a simulation-only oracle
+            datasets["pooled"] = (bundle.x_train[pooled].to(device), bundle.y_train[pooled].to(device))
+        return cls(bundle, parts, datasets)
+
+
+def new_strategy(cfg: ExperimentConfig, server: ServerData, initial: NamedArrays,
+                 build: Callable[[NamedArrays], torch.nn.Module]) -> Strategy:
+    """The experiment's strategy, built with what the server holds."""
+    context = StrategyContext(server.bundle.num_classes, cfg.federation.num_rounds, cfg.seed,
+                              cfg.federation.round_timeout_s, initial, build, server.datasets.get("audit"),
+                              cfg.federation.num_clients, cfg.pruning.mode == "magnitude")
+    return STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
 
 
 def _reprune(cfg: ExperimentConfig, build: Callable[[NamedArrays], torch.nn.Module], arrays: NamedArrays) -> NamedArrays:

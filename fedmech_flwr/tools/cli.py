@@ -45,6 +45,7 @@ from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import (
     APP_DIR,
     CONFIG_FILE,
+    DIAGNOSES_FILE,
     LOCK_FILE,
     STATE_FILE,
     FolderLock,
@@ -389,6 +390,31 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Rerun a diagnostic on every completed run the paths name; exit 1 when a run was
+    skipped (not completed)."""
+    from fedmech_flwr.outputs import headline
+    from fedmech_flwr.run_reader import read_inputs
+    from fedmech_flwr.tools.diagnose import default_label, diagnose_run
+
+    plugin_registries()["diagnostic"].get(args.diagnostic, "--diagnostic")  # an unknown name is refused with the closest one
+    label = args.label or default_label(args.set)
+    _, runs = read_inputs([p.expanduser().resolve() for p in args.paths])
+    skipped = 0
+    for run in runs:
+        if run.status != "completed":
+            skipped += 1
+            print(printable(f"{run.path}: skipped, it is {run.status} (diagnose reruns completed runs)"), file=sys.stderr)
+            continue
+        records = diagnose_run(run.path, args.diagnostic, args.set, args.rounds or None, label)
+        for record in records:
+            print(printable(f"{run.name} round {record['round']}, {record['name']}: "
+                            f"{' | '.join(headline([record])) or 'recorded'}"))
+    print(printable(f"{len(runs) - skipped} run(s): records in each run's {DIAGNOSES_FILE}, beside its own; "
+                    "`fedmech report` and `fedmech export` show both"))
+    return EXIT_FAILED if skipped else EXIT_OK
+
+
 def _rounds(text: str) -> list[int]:
     try:
         rounds = [int(r) for r in text.split(",")]
@@ -560,6 +586,19 @@ HELP = {
         ("0  written", "2  nothing to report on, or a damaged file"),
         ("fedmech report ~/fedmech-runs/leaderboard-cpu --out report/ --rounds 3,10",
          "fedmech report RUN_A RUN_B RUN_C --out report/ --paper my_values.yaml")),
+    "diagnose": Help(
+        "rerun a diagnostic, with other settings, on finished runs' saved rounds",
+        "Run a registered diagnostic on the global models a finished run saved (every round a diagnostic ran "
+        "in), with the run's own settings of it changed by --set, without retraining. What the run's server "
+        "held (test set, audit set, every client's shard) is made again from its config and seed. The "
+        "records go to each run's diagnoses.jsonl as NAME@LABEL, beside the run's own, which stay untouched; "
+        "status, report and export show both. Its client-side part cannot be rerun (the clients' data and "
+        "models are not in the folder).",
+        ("0  every run rediagnosed", "1  a run was skipped (not completed); the others were rediagnosed",
+         "2  bad input: an unknown diagnostic or setting, a round with no saved model"),
+        ("fedmech diagnose RUN_DIR --diagnostic misalignment --set pooled_probe=paper --rounds 3,10,20",
+         "fedmech diagnose ~/fedmech-runs/leaderboard-cifar10-cpu_probes --diagnostic misalignment --set "
+         "pooled_probe=paper --as paper-probe")),
     "export": Help(
         "every declared metric of a sweep folder or run folders as one tidy CSV table",
         "Write one long table: a row per run x round x declared metric (and per class where the metric has "
@@ -673,6 +712,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also show every metric at these comma-separated rounds, beside the final one (e.g. 3,10)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
+    p = _add_command(sub, "diagnose", cmd_diagnose)
+    p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
+    p.add_argument("--diagnostic", required=True, metavar="NAME", help="the registered diagnostic to rerun")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change one of its settings, e.g. --set pooled_probe=paper (repeatable); the rest are the "
+                        "run's own settings of it")
+    p.add_argument("--rounds", type=_rounds, metavar="R,R",
+                   help="the rounds to rerun it on (default: the rounds the run ran it in)")
+    p.add_argument("--as", dest="label", metavar="LABEL",
+                   help="names the records NAME@LABEL (default: the --set items, e.g. pooled_probe=paper)")
     p = _add_command(sub, "export", cmd_export)
     p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.csv", help="the CSV file to write")
