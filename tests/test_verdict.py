@@ -91,6 +91,14 @@ def test_when_the_probe_itself_falls_under_skew_the_verdict_says_so_and_not_that
     assert not any("kept what the head" in line for line in lines)
 
 
+def test_a_probe_that_lost_more_than_the_head_is_said_to_have(tmp_path):
+    skewed_gaps = (-0.10, -0.11, -0.12)  # same head as IID (80%), probe 68-70% against 82-84%
+    lines = _verdict(tmp_path, skewed_gaps, skewed_accuracy=0.8)
+    assert lines[4].startswith("  → probe: skew cost it ")
+    assert f": it lost more than the head; probe − global {_points(skewed_gaps)} skewed" in lines[4]
+    assert lines[4].endswith(f"narrowed by {_welch(skewed_gaps, IID_GAPS)}.")
+
+
 def test_overlapping_intervals_are_no_evidence(tmp_path):
     lines = _verdict(tmp_path, skewed_gaps=(0.0, 0.30, 0.05), iid_gaps=(0.02, 0.03, 0.04))
     assert lines[4].startswith("  → probe: no evidence at n=3 that skew cost the head more than it: ")
