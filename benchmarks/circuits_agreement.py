@@ -6,8 +6,8 @@ client's data and the test set:
 
 - circuits: the default gates (each class stops once its mask is stable; gated at the end
   of each block, in SimpleCNN's grouped forward where pruning left static channels)
-  against the paper's protocol (``patience: null``, all 300 steps) hooked at the conv
-  outputs as before: mean IoU per class, steps taken; and the paper's protocol on the
+  against the authors' code's protocol (``patience: null``, all 300 steps) hooked at the
+  conv outputs as before: mean IoU per class, steps taken; and that protocol on the
   fast path against it (what the fast path alone changes);
 - ablations: the batched pass on ``--ablation-samples`` images against one pass per
   combination on 1,000 (the old path): how many numbers lie inside the new number's 95%

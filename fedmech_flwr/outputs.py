@@ -113,7 +113,9 @@ class Outputs:
     headline: tuple[str, ...] = ()
     """The few a one-line summary shows: the sweep's progress line, the leaderboard's cells."""
     by_skew: tuple[str, ...] = ()
-    """Metrics (accuracies) drawn against the label-skew level, the report's first figure."""
+    """Metrics (accuracies) drawn against the label-skew level, the report's first figure:
+    the model's own first, then readouts of its features (a probe, a retrained head), each
+    of which the sweep's verdict sets beside its IID control and reads."""
 
     def __post_init__(self) -> None:
         """Apply the records' key rule (``record_key``) to every key and path, so that a

@@ -1,7 +1,8 @@
 """Circuit-masked averaging: each channel is averaged over the clients whose circuits use it.
 
-The paper's proposed fix for structural shift (arXiv 2512.23043, Implications): a channel
-that implements part of one client's class circuits should not be diluted by clients that
+This project's variant of a direction arXiv 2512.23043 v2 suggests for future methods
+(aligning channels by circuit before averaging, via permutation symmetry): a channel that
+implements part of one client's class circuits should not be diluted by clients that
 never use it. Each output channel of a gated layer (its filter, bias and norm entries:
 ``FedMechModel.channel_arrays``) is averaged only over the clients whose local circuits,
 for the classes each client holds, contain it, with FedAvg's client weights; a channel no

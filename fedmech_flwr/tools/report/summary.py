@@ -1,6 +1,6 @@
 """What the report says in short: the verdict (a label-skewed group against its IID
-control, in at most five lines for someone new) and ``summary.json`` (the groups'
-statistics for machines)."""
+control, a line per readout and a reading per readout, for someone new) and
+``summary.json`` (the groups' statistics for machines)."""
 
 from __future__ import annotations
 
@@ -55,12 +55,17 @@ def _points(values: list[float]) -> str:
     return f"{mean:+.1f}" + (f" ± {half:.1f}" if half is not None else "") + " pp"
 
 
+CRITERION = "the Welch 95% interval of the skewed − IID difference excludes 0"
+"""What the verdict calls a change: the difference of the two groups' means over seeds,
+with its Welch interval (``stats.difference_ci``), clear of 0."""
+
+
 def skew_verdict(groups: list[Group]) -> list[str]:
-    """At most five lines for someone new: the most skewed group's model accuracy and its
-    readouts (probe, realigned head) each beside its IID control, one-class models said to
-    be so, and what the numbers support: a claim only where the intervals over seeds do
-    not overlap zero; one seed is said to be one. Empty without a skewed group and its
-    control."""
+    """For someone new: the most skewed group's model accuracy and each readout of the same
+    features (a probe, the realigned head) beside its IID control, one-class models said to
+    be so, then one reading per readout (``_reading``); one seed is said to be one. A
+    readout added to a diagnostic's ``by_skew`` gets its line and its reading. Empty
+    without a skewed group and its control."""
     pairs = skew_pairs(groups)
     if not pairs:
         return []
@@ -68,7 +73,7 @@ def skew_verdict(groups: list[Group]) -> list[str]:
     metrics, (model, *readouts) = declared(), _skew_keys()
     n = min(s.n for g in (skewed, control) for k in (model, *readouts) if (s := g.stats[k]))
     seeds = ("one seed, so no interval (--seeds 0,1,2 gives intervals)" if n <= 1
-             else f"{n} seeds each, mean ± 95% interval")
+             else f"{n} seeds each, mean ± 95% interval; a change is claimed only where {CRITERION}")
     more = f"; {len(pairs) - 1} more on the page" if len(pairs) > 1 else ""
     lines = [f"Label skew ({skew_level(skewed.config)[1]}) against its IID control, {seeds}{more}:"]
     width = max(len(metrics[k].doc or metrics[k].label) for k in (model, *readouts))
@@ -82,28 +87,74 @@ def skew_verdict(groups: list[Group]) -> list[str]:
             if "one class" in stat.flags:
                 line += f" (it predicts one class for over {DEGENERATE_FRACTION:.0%} of the test images)"
         lines.append(line)
-    lines.append(_reading(skewed, control, model, readouts, n))
+    lines.extend(_reading(skewed, control, model, readout, n) for readout in readouts)
     return lines
 
 
-def _reading(skewed: Group, control: Group, model: str, readouts: list[str], n: int) -> str:
-    """The one sentence the numbers support: how far each readout of the same features
-    lies above the model's own accuracy, skewed beside IID; the first readout (the probe)
-    decides the claim, made only where the two groups' intervals are apart."""
+Change = tuple[float, float | None]
+"""Skewed minus IID of one quantity over the two groups' runs, and its Welch half-width
+(None with one seed)."""
+
+
+def _clear(change: Change) -> bool:
+    """Whether a change's interval excludes 0 (``CRITERION``; never without an interval)."""
+    diff, half = change
+    return half is not None and abs(diff) > half
+
+
+def _pp(change: Change, signed: bool = True) -> str:
+    """``+16.8 ± 5.9 pp``; unsigned (``16.8 ± 5.9 pp``) after "cost", "raised", "by"."""
+    diff, half = change
+    return (f"{diff:+.1f}" if signed else f"{abs(diff):.1f}") + (f" ± {half:.1f}" if half is not None else "") + " pp"
+
+
+def _effect(who: str, change: Change) -> str:
+    """``cost the head 26.6 ± 6.2 pp`` (``raised`` for a gain)."""
+    return f"{'cost' if change[0] <= 0 else 'raised'} {who} {_pp(change, signed=False)}"
+
+
+def _costs(readout: Change, head: Change) -> str:
+    """``skew cost it 9.8 ± 3.6 pp and the head 26.6 ± 6.2 pp``, a verb said once where
+    both moved the same way."""
+    second = _effect("the head", head)
+    if second.split()[0] == _effect("it", readout).split()[0]:
+        second = second.split(" ", 1)[1]
+    return f"skew {_effect('it', readout)} and {second}"
+
+
+def _reading(skewed: Group, control: Group, model: str, readout: str, n: int) -> str:
+    """The one sentence the numbers support about one readout of the features: what skew
+    cost it and the head (the model's own accuracy), and how the readout − model gap
+    moved, each a change only where ``CRITERION`` holds. "The features kept what the head
+    stopped reading" only where the gap widened and the readout did not fall; a readout
+    is a lower bound on what the features carry, so its fall is said as its own."""
     metrics = declared()
-    gaps = [(_gaps(skewed.stats, r, model), _gaps(control.stats, r, model)) for r in readouts]
-    if not readouts or not all(s and c for s, c in gaps):
-        return "  No reading: a value is undefined (see the page)."
-    numbers = "; ".join(f"{metrics[r].label} − {metrics[model].label} {_points(s)} skewed vs {_points(c)} IID"
-                        for r, (s, c) in zip(readouts, gaps))
-    diff, half = difference_ci(*gaps[0])
+    name = metrics[readout].label
+    gaps = _gaps(skewed.stats, readout, model), _gaps(control.stats, readout, model)
+    if not all(gaps):
+        return f"  → {name}: no reading, a value is undefined (see the page)."
+    head, read = (difference_ci(list(skewed.stats[k].values.values()), list(control.stats[k].values.values()))
+                  for k in (model, readout))
+    gap = difference_ci(*gaps)
+    numbers = f"{name} − {metrics[model].label} {_points(gaps[0])} skewed vs {_points(gaps[1])} IID"
+    moved = f"{'widened' if gap[0] > 0 else 'narrowed'} by {_pp(gap, signed=False)}"
     if n <= 1:
-        wider = "widened" if diff > 0 else "narrowed"
-        return (f"  → {numbers}. In this one seed skew {wider} the gap between what the features carry and what "
-                f"the head reads by {abs(diff):.1f} pp; one seed is not evidence: rerun with --seeds 0,1,2.")
-    if half is not None and diff - half > 0:
-        return f"  → the features kept what the head stopped reading: {numbers} (intervals apart)."
-    return f"  → no evidence at n={n} that skew cost the head more than the features: {numbers}."
+        return (f"  → {name}: in this one seed {_costs(read, head)}; {numbers}, {moved}; "
+                "one seed is not evidence: rerun with --seeds 0,1,2.")
+    fell = _clear(read) and read[0] < 0
+    if not _clear(gap):
+        also = f"; skew cost it {_pp(read, signed=False)}" if fell else ""
+        return (f"  → {name}: no evidence at n={n} that skew cost the head more than it: {numbers}, "
+                f"a change of {_pp(gap)} whose interval holds 0{also}.")
+    if gap[0] < 0:
+        return f"  → {name}: {_costs(read, head)}: it lost more than the head; {numbers}, {moved}."
+    if fell:
+        return (f"  → {name}: {_costs(read, head)}: the head lost more, but what it reads of the features fell too; "
+                f"{numbers}, {moved}.")
+    own = (f"raised it {_pp(read, signed=False)}" if _clear(read)
+           else f"moved it {_pp(read)}, an interval that holds 0")
+    return (f"  → {name}: the features kept what the head stopped reading: skew {_effect('the head', head)} and "
+            f"{own}; {numbers}, {moved}.")
 
 
 def _finite(value: float | None) -> float | None:
