@@ -202,7 +202,7 @@ OUTPUTS = Outputs(
      "gaps.realigned": _gap("realigned − global", "realigned", ("gaps", "realigned"),
                             ("per_class_gaps", "realigned"))},
     curves=("gaps.probe", "gaps.probe_pooled"), headline=("probe", "gaps.probe", "probe_pooled", "gaps.probe_pooled"),
-    by_skew=("global", "probe", "realigned"))
+    by_skew=("global", "probe", "probe_pooled", "realigned"))
 """Every head's accuracy (one-class heads and under-powered probes flagged) and the gaps the
 paper's claim is about."""
 
@@ -259,7 +259,7 @@ class Misalignment(Diagnostic):
         results["realigned_test_selected"] = {
             **_scores(score(snapshots[by_test], f_test, y_test, n)),
             "epoch": by_test + 1,
-            "note": "epoch selected on the test set (the paper's protocol); not a held-out number",
+            "note": "epoch selected on the test set (the paper's texts state no selection rule); not a held-out number",
         }
         if p.tau is not None:
             results["tau_norm"] = _scores(score(tau_normalize(own, p.tau), f_test, y_test, n))

@@ -53,11 +53,13 @@ def test_the_demo_ends_with_its_verdict_and_names_its_page_last(demo):
     page = folder / "report" / "index.html"
     assert lines[-1] == f"page: {page}"
     verdict = json.loads((folder / "report" / "summary.json").read_text())["verdict"]
-    assert len(verdict) == 6 and lines[-7:-1] == verdict  # a line per readout and a reading per readout, then the page
+    # a line per readout, a reading per readout and the IID control's calibration, then the page
+    assert len(verdict) == 7 and lines[-8:-1] == verdict
     assert verdict[0].startswith("Label skew (α=0.05) against its IID control, one seed, so no interval")
     assert [line.split()[:2] for line in verdict[1:4]] == [["global", "model"], ["linear", "probe"], ["its", "head"]]
     assert all(" skewed | " in line and line.split(" IID")[0] for line in verdict[1:4])
-    assert all("one seed is not evidence" in line for line in verdict[4:])
+    assert all("one seed is not evidence" in line for line in verdict[4:6])
+    assert verdict[6].startswith("  calibration (the IID control")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)")

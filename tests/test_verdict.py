@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 
 from scipy.stats import t as student_t
 
 from test_report import IID, T2, config, write_run
 
-from fedmech_flwr import outputs
 from fedmech_flwr.tools.report import write_report
 
 SKEWED_GAPS = (0.40, 0.45, 0.50)
@@ -47,7 +45,7 @@ def _welch(a, b) -> str:
 
 def test_the_verdict_sets_each_readout_beside_its_iid_control_with_its_interval(tmp_path):
     lines = _verdict(tmp_path)
-    assert len(lines) == 6
+    assert len(lines) == 7  # no pooled-data probe in these runs: no line for it
     assert lines[0] == ("Label skew (α=0.05) against its IID control, 3 seeds each, mean ± 95% interval; a change is "
                         "claimed only where the Welch 95% interval of the skewed − IID difference excludes 0:")
     assert lines[1].split() == ["global", "model", "30.0", "±", "0.0%", "skewed", "|", "80.0", "±", "0.0%", "IID"]
@@ -60,6 +58,9 @@ def test_the_verdict_sets_each_readout_beside_its_iid_control_with_its_interval(
         f"-{_welch(probes_skewed, probes_iid)}, an interval that holds 0; probe − global {_points(SKEWED_GAPS)} "
         f"skewed vs {_points(IID_GAPS)} IID, widened by {_welch(SKEWED_GAPS, IID_GAPS)}.")
     assert lines[5].startswith("  → realigned (val-selected): ")
+    assert lines[6].startswith("  calibration (the IID control, where a readout that sees what the features carry "
+                               "reaches the model's own accuracy): ")
+    assert f"probe {_points(IID_GAPS)}, reaches it" in lines[6]
     assert "intervals apart" not in " ".join(lines)
     page = (tmp_path / "report" / "index.html").read_text()
     assert "the features kept what the head stopped reading" in page
@@ -115,24 +116,13 @@ def test_one_seed_is_said_to_be_one_and_a_one_class_model_is_named(tmp_path):
     assert "±" not in lines[4] and "kept what the head" not in lines[4]
 
 
-def test_a_probe_added_to_the_diagnostics_by_skew_gets_its_line_and_its_reading(tmp_path, monkeypatch):
-    """A second probe (the pooled one) is one more ``by_skew`` entry of the diagnostic's
-    declared outputs: the verdict shows its level and judges it like the first."""
-    declared_outputs = outputs._declared_outputs
-
-    def with_pooled_probe() -> dict:
-        out = declared_outputs()
-        mis = out["misalignment"]
-        pooled = replace(mis.metrics["probe"], label="pooled probe", path=("probe_pooled", "accuracy"),
-                         doc="linear probe trained on the pooled shards")
-        out["misalignment"] = replace(mis, metrics={**mis.metrics, "probe_pooled": pooled},
-                                      by_skew=(*mis.by_skew, "probe_pooled"))
-        return out
-
-    monkeypatch.setattr(outputs, "_declared_outputs", with_pooled_probe)
+def test_the_pooled_data_probe_gets_its_line_its_reading_and_its_calibration(tmp_path):
+    """The pooled-data probe is a ``by_skew`` readout of the misalignment diagnostic: where
+    the runs measured it, the verdict shows its level, judges it like the first probe and
+    checks it against the IID control, where this one falls short of the head."""
     for seed in range(3):
         for name, cfg, accuracy, pooled in ((f"skewed_s{seed}", config(seed), 0.3, 0.6 + seed / 100),
-                                            (f"iid_s{seed}", config(seed, **IID), 0.8, 0.8 + seed / 100)):
+                                            (f"iid_s{seed}", config(seed, **IID), 0.8, 0.7 + seed / 100)):
             metrics = write_run(tmp_path / name, cfg, accuracy=accuracy) / "metrics.jsonl"
             records = [json.loads(line) for line in metrics.read_text().splitlines()]
             for record in records:
@@ -141,10 +131,11 @@ def test_a_probe_added_to_the_diagnostics_by_skew_gets_its_line_and_its_reading(
             metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
     write_report(sorted(tmp_path.iterdir()), tmp_path / "report")
     lines = json.loads((tmp_path / "report" / "summary.json").read_text())["verdict"]
-    assert len(lines) == 8
-    assert lines[4].split() == ["linear", "probe", "trained", "on", "the", "pooled", "shards",
-                                "61.0", "±", "2.5%", "skewed", "|", "81.0", "±", "2.5%", "IID"]
-    assert lines[7].startswith("  → pooled probe: skew cost it 20.0 ± 2.3 pp and the head 50.0 ± 0.0 pp: ")
+    assert len(lines) == 9
+    assert lines[3].split()[:7] == ["linear", "probe", "on", "its", "frozen", "features,", "trained"]
+    assert lines[3].split()[-9:] == ["61.0", "±", "2.5%", "skewed", "|", "71.0", "±", "2.5%", "IID"]
+    assert lines[6].startswith("  → pooled-data probe: skew cost it 10.0 ± 2.3 pp and the head 50.0 ± 0.0 pp: ")
+    assert "pooled-data probe -9.0 ± 2.5 pp, falls short of it: it under-reads the features" in lines[8]
 
 
 def test_runs_without_an_iid_control_get_no_verdict(tmp_path):

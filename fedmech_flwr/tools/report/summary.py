@@ -27,14 +27,19 @@ def _skew_keys() -> list[str]:
 
 
 def skew_pairs(groups: list[Group]) -> list[tuple[Group, Group]]:
-    """(label-skewed group, its IID control) pairs that measured the ``by_skew`` metrics,
-    the most skewed first."""
-    keys = _skew_keys()
+    """(label-skewed group, its IID control) pairs that both measured the model's own
+    accuracy and a readout of its features (``_measured``), the most skewed first."""
     pairs = [(g, c) for g in groups
              if flatten_plain(g.config).get("data.partition.name") != "iid"
-             and (c := control_of(g, IID, groups)) is not None
-             and keys and all(k in g.stats and k in c.stats for k in keys)]
+             and (c := control_of(g, IID, groups)) is not None and _measured(g, c)]
     return sorted(pairs, key=lambda pair: skew_level(pair[0].config)[0], reverse=True)
+
+
+def _measured(*groups: Group) -> list[str]:
+    """The ``by_skew`` keys every one of ``groups`` measured, the model's own accuracy first;
+    empty unless that and at least one readout were (the pooled-data probe is optional)."""
+    keys = [k for k in _skew_keys() if all(k in g.stats for g in groups)]
+    return keys if len(keys) > 1 and keys[0] == _skew_keys()[0] else []
 
 
 def _level(stat: Stat, unit: str) -> str:
@@ -70,7 +75,7 @@ def skew_verdict(groups: list[Group]) -> list[str]:
     if not pairs:
         return []
     skewed, control = pairs[0]
-    metrics, (model, *readouts) = declared(), _skew_keys()
+    metrics, (model, *readouts) = declared(), _measured(skewed, control)
     n = min(s.n for g in (skewed, control) for k in (model, *readouts) if (s := g.stats[k]))
     seeds = ("one seed, so no interval (--seeds 0,1,2 gives intervals)" if n <= 1
              else f"{n} seeds each, mean ± 95% interval; a change is claimed only where {CRITERION}")
@@ -88,7 +93,28 @@ def skew_verdict(groups: list[Group]) -> list[str]:
                 line += f" (it predicts one class for over {DEGENERATE_FRACTION:.0%} of the test images)"
         lines.append(line)
     lines.extend(_reading(skewed, control, model, readout, n) for readout in readouts)
+    lines.append(_calibration(control, model, readouts))
     return lines
+
+
+def _calibration(control: Group, model: str, readouts: list[str]) -> str:
+    """The IID control as the readouts' calibration: there the model's head is itself a
+    linear readout of the features, so a readout that sees what they carry reaches the
+    model's own accuracy (its per-run gap's interval reaches 0 or lies above it); one that
+    falls short under-reads the features, and its skewed gap is read against this control."""
+    metrics, parts = declared(), []
+    for readout in readouts:
+        gaps = _gaps(control.stats, readout, model)
+        if not gaps:
+            parts.append(f"{metrics[readout].label} undefined")
+            continue
+        mean, half, _ = mean_ci(gaps)
+        short = (mean + half < 0) if half is not None else mean < 0
+        verdict = ("falls short of it: it under-reads the features, so read its skewed gap against this control"
+                   if short else "reaches it")
+        parts.append(f"{metrics[readout].label} {_points(gaps)}, {verdict}")
+    return ("  calibration (the IID control, where a readout that sees what the features carry reaches the model's "
+            f"own accuracy): {'; '.join(parts)}.")
 
 
 Change = tuple[float, float | None]
