@@ -235,6 +235,22 @@ def test_feddecorr_client_adds_beta_times_the_term_and_reports_it():
     assert 1 / client.model.feature_dim <= metrics["feddecorr-loss"] <= 1
 
 
+def test_feddecorr_term_reaches_the_body():
+    """The body's gradient is that of CE + beta * L_decorr, not the cross-entropy's alone:
+    a term computed on detached features would be recorded and never trained on."""
+    client = make_client(FedDecorrClient, FedDecorrConfig(beta=0.3))
+    x, y = client.data.x[:8], client.data.y[:8]
+    client.objective(x, y)[0].backward()
+    got = client.model.conv1.weight.grad.clone()
+    client.model.zero_grad(set_to_none=True)
+    features = client.model.forward_features(x)
+    (F.cross_entropy(client.model.forward_head(features), y) + 0.3 * decorrelation_loss(features)).backward()
+    torch.testing.assert_close(got, client.model.conv1.weight.grad)
+    client.model.zero_grad(set_to_none=True)
+    F.cross_entropy(client.model(x), y).backward()
+    assert not torch.allclose(got, client.model.conv1.weight.grad, rtol=1e-3, atol=1e-6)  # the term's own share counts
+
+
 def test_feddecorr_reports_the_round_mean_of_the_term():
     """Two epochs of one batch (the whole shard) at a learning rate that moves nothing: each
     batch's L_decorr is that of the shard's features (whatever their order), and so is the mean."""
