@@ -5,6 +5,7 @@ in-process smoke run per method with the misalignment diagnostic."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -28,9 +29,9 @@ from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.seeds import numpy_rng
+from fedmech_flwr.seeds import numpy_rng, seed_for
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig
+from fedmech_flwr.training import TrainConfig, seed_everything
 
 LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""
@@ -137,6 +138,39 @@ def test_moon_reports_the_round_mean_of_the_contrastive_loss():
     client = make_client(MoonClient, MoonConfig(), state=dict(zip(tiny_model().state_dict(), global_params)))
     _, _, metrics = client.fit(global_params, {"server-round": 2})
     assert metrics["moon-contrastive-loss"] == pytest.approx(math.log(2), rel=1e-5)
+
+
+def test_moon_over_two_epochs_with_momentum_is_the_papers_rule_step_by_step():
+    """MOON's local training written out from the paper (frozen copies of the global and the
+    previous model, CE + mu l_con per batch, one SGD optimiser with momentum for the whole
+    round, the client's batch order): after 2 epochs the weights and the reported round
+    mean of l_con agree with the client's. A global copy refreshed each epoch, a previous
+    model replaced mid-round or a metric over the last epoch only would part them."""
+    train = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, epochs=2, batch_size=8)
+    previous = tiny_model()
+    client = make_client(MoonClient, MoonConfig(mu=2.0), state=model_arrays(previous), train=train)
+    start = params_of(client)
+    model = tiny_model()
+    load_model_arrays(model, dict(zip(model.state_dict(), start)))
+    frozen = [m.eval().requires_grad_(False) for m in (copy.deepcopy(model), previous)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    generator = seed_everything(seed_for(0, "local-training", 0, 2))
+    l_con_sum, seen = 0.0, 0
+    for _ in range(2):
+        order = torch.randperm(len(client.data.y), generator=generator)
+        for i in range(0, len(order), 8):
+            x, y = client.data.x[order[i:i + 8]], client.data.y[order[i:i + 8]]
+            z = model.forward_features(x)
+            z_glob, z_prev = (m.forward_features(x) for m in frozen)
+            l_con = model_contrastive_loss(z, z_glob, z_prev, 0.5)
+            optimizer.zero_grad()
+            (F.cross_entropy(model.forward_head(z), y) + 2.0 * l_con).backward()
+            optimizer.step()
+            l_con_sum, seen = l_con_sum + l_con.item() * len(y), seen + len(y)
+    weights, _, metrics = client.fit(start, {"server-round": 2})
+    for got, want in zip(weights, model.state_dict().values(), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert metrics["moon-contrastive-loss"] == pytest.approx(l_con_sum / seen, rel=1e-5)
 
 
 def test_moon_says_whether_it_applied_the_term():
