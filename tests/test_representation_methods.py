@@ -26,12 +26,13 @@ from fedmech_flwr.builtin.strategies.fedetf import check_fedetf, simplex_etf
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.experiment import load_data, new_model
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
 from fedmech_flwr.seeds import numpy_rng, seed_for
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig, seed_everything
+from fedmech_flwr.training import TrainConfig, evaluate, seed_everything
 
 LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""
@@ -420,6 +421,14 @@ def test_smoke_run_records_the_method_and_the_misalignment_diagnostic(client, tm
         final = load_arrays(run / "model_final.safetensors")
         assert final["head.weight"].tobytes() == simplex_etf(4, 72, cfg.seed).astype(np.float32).tobytes()
         assert not final["head.bias"].any()
+        # round 0 is the initial body under the ETF head, the model the method starts from
+        bundle = load_data(cfg)
+        model = new_model(cfg, bundle, torch.device("cpu"))
+        load_model_arrays(model, {**model_arrays(model), "head.weight": final["head.weight"],
+                                  "head.bias": final["head.bias"]})
+        start = evaluate(model.eval(), bundle.x_test, bundle.y_test, bundle.num_classes, cfg.eval_batch_size)
+        [round_0] = [r for r in read_records(run, "eval") if r["round"] == 0]
+        assert round_0["loss"] == pytest.approx(start.loss, rel=1e-6)
 
 
 def test_moon_previous_models_survive_a_resume(tmp_path):
