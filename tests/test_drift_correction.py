@@ -482,8 +482,8 @@ def test_feddyn_run_evaluates_the_plain_mean_and_records_the_sent_model(tmp_path
                                                        if k.startswith("model/")}).accuracy
 
 
-def test_scaffold_and_feddyn_refuse_pruning_with_the_reason():
-    for method in ("scaffold", "feddyn"):
+def test_scaffold_feddyn_and_fednova_refuse_pruning_with_the_reason():
+    for method in ("scaffold", "feddyn", "fednova"):
         with pytest.raises(ConfigError, match=rf"{method} updates .* pruning.mode=magnitude count the weights the "
                                               r"pruner set to 0 .*; set pruning.mode=dense"):
             smoke_config([*DENSE_SGD[1:], f"strategy={{name: {method}}}", f"client={{name: {method}}}"])
