@@ -48,8 +48,9 @@ from fedmech_flwr.testing import train_replies
 from fedmech_flwr.training import TrainConfig
 from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
-CHEAP = settings(max_examples=15, deadline=None, derandomize=True)
-"""Few cases, no per-case deadline (the first case pays the imports), a fixed draw."""
+CHEAP = settings(max_examples=15, deadline=None, derandomize=True, database=None)
+"""Few cases, no per-case deadline (the first case pays the imports), a fixed draw, and no
+example database written into the repository."""
 BUFFER = "bn.num_batches_tracked"
 HEAD = "head.weight"
 
@@ -259,7 +260,7 @@ def trained(cls, params, config: dict, seed: int, samples: int, epochs: int, mom
 
 
 @pytest.mark.parametrize("neutral", sorted(CLIENT_NEUTRAL))
-@settings(max_examples=4, deadline=None, derandomize=True)
+@settings(CHEAP, max_examples=4)
 @given(st.integers(0, 2**31 - 1), st.integers(3, 13), st.integers(1, 2), st.sampled_from([0.0, 0.9]))
 def test_each_client_rule_at_its_neutral_setting_trains_bitwise_as_the_plain_client(neutral, seed, samples, epochs,
                                                                                    momentum):
