@@ -152,7 +152,8 @@ __all__ = [
     "ClientData", "FedMechClient", "a_norm", "make_optimizer",
     # strategies
     "FedAvgConfig", "OFFERED_NODES_ONLY", "QueryContext", "REPORT_KEY", "ReportsAnotherModel", "SENT_ACCURACY",
-    "SENT_LOSS", "StartsFromItsOwnModel", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes", "uploaded", "weighted_fedavg",
+    "SENT_LOSS", "StartsFromItsOwnModel", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes",
+    "uploaded", "weighted_fedavg",
     "Check", "all_of", "dense_only", "plain_sgd_only", "sgd_only",
     # diagnostics
     "ClientContext", "ClientUpdate", "Clock", "Diagnostic", "DiagnosticResult", "GlobalContext", "Resumable",
