@@ -22,11 +22,14 @@ test-fast:
 bench:
 	.venv/bin/python benchmarks/throughput.py
 
-# The mutation run of the FL methods' update rules (docs/results/mutation.md), in a copy of
-# the tree laid out as a wheel installs it (clients/ and strategies/ under fedmech_flwr/builtin/),
-# so that mutmut's module names are those the tests import; `mutmut results` there lists survivors.
+# The mutation runs of the FL methods' update rules (docs/results/mutation.md). First the
+# catalogue of semantic (researcher-style) mutants, each applied in memory against the fast
+# tests that must catch it; then mutmut, in a copy of the tree laid out as a wheel installs it
+# (clients/ and strategies/ under fedmech_flwr/builtin/), so that mutmut's module names are
+# those the tests import; `mutmut results` there lists survivors.
 mutation:
 	.venv/bin/pip install -q -e '.[dev]'
+	nice -n 19 .venv/bin/python benchmarks/semantic_mutants.py
 	rm -rf build/mutation && mkdir -p build/mutation/fedmech_flwr/builtin
 	cp -r fedmech_flwr tests experiments pyproject.toml build/mutation/
 	cp -r clients strategies diagnostics build/mutation/fedmech_flwr/builtin/

@@ -6,11 +6,12 @@ Study", ICDE; ``train_net_scaffold`` and ``train_net_fednova`` with their server
 its ``experiments.py``) writes both rules another way than fedmech's clients and strategies:
 
 - SCAFFOLD (option II): a plain SGD step on the cross-entropy, then y -= lr (c - c_i) on the
-  weights; c_i+ = c_i - c + (x - y) / (K lr) from the K steps taken; the server takes the
+  weights; c_i+ = c_i - c + (x - y) / (K lr) with K every step taken, over all local epochs; the server takes the
   example-weighted mean of the y_i and c += sum(delta c_i) / N.
-- FedNova: SGD with momentum rho for tau steps; a_i = (tau - rho (1 - rho^tau) / (1 - rho))
-  / (1 - rho), d_i = (x - y_i) / a_i; the server steps x -= (sum p_i a_i) sum p_i d_i with p_i
-  the clients' shares of the examples.
+- FedNova: SGD with momentum rho for tau steps, every step of every local epoch; ||a_i||_1
+  accumulated step by step as the authors' code does (a counter c <- rho c + 1 summed over
+  the steps, their ``local_normalizing_vec``), d_i = (x - y_i) / ||a_i||_1; the server steps
+  x -= (sum p_i ||a_i||_1) sum p_i d_i with p_i the clients' shares of the examples.
 
 The references below are those rules on fedmech's data, split, initial model and batch
 order, so a run and its reference can only differ by the rule (and float rounding). Per
@@ -41,7 +42,7 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
 from fedmech_flwr.run_folder import read_records
 from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import a_norm, evaluate, seed_everything
+from fedmech_flwr.training import evaluate, seed_everything
 
 REPO = Path(__file__).resolve().parents[1]
 LEADERBOARD_CELL = [
@@ -75,7 +76,7 @@ def reference(cfg: ExperimentConfig) -> list[Round]:
     c_local = [{n: torch.zeros_like(x[n]) for n in names} for _ in parts]
     rounds = []
     for server_round in range(1, cfg.federation.num_rounds + 1):
-        trained, sizes, steps_taken, deltas = [], [], [], []
+        trained, sizes, steps_taken, norms, deltas = [], [], [], [], []
         for i, part in enumerate(parts):
             idx = torch.from_numpy(part)
             data, labels = bundle.x_train[idx], bundle.y_train[idx]
@@ -87,7 +88,7 @@ def reference(cfg: ExperimentConfig) -> list[Round]:
             net.load_state_dict(x)
             net.train()
             optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=rho)
-            steps = 0
+            steps, counter, normalising = 0, 0.0, 0.0
             for _ in range(cfg.train.epochs):
                 order = torch.randperm(len(data), generator=generator)
                 for start in range(0, len(data), batch):
@@ -100,6 +101,8 @@ def reference(cfg: ExperimentConfig) -> list[Round]:
                             for name, p in net.named_parameters():
                                 p -= lr * (c[name] - c_local[i][name])
                     steps += 1
+                    counter = counter * rho + 1  # the authors' FedNova code's local_counter and
+                    normalising += counter  # local_normalizing_vec: ||a_i||_1, step by step
             y = {k: v.detach().clone() for k, v in net.state_dict().items()}
             if scaffold:
                 new = {n: c_local[i][n] - c[n] + (x[n] - y[n]) / (steps * lr) for n in names}
@@ -108,15 +111,15 @@ def reference(cfg: ExperimentConfig) -> list[Round]:
             trained.append(y)
             sizes.append(float(len(data)))
             steps_taken.append(steps)
+            norms.append(normalising)
         share = [n / sum(sizes) for n in sizes]
         if scaffold:
             x = {k: sum(p * y[k].double() for p, y in zip(share, trained)).float() for k in x}
             c = {n: c[n] + sum(d[n] for d in deltas) / len(parts) for n in names}
             own = math.sqrt(sum(float((v.double() ** 2).sum()) for v in c.values()))
         else:
-            a = [a_norm(tau, rho) for tau in steps_taken]
-            own = sum(p * a_i for p, a_i in zip(share, a))  # tau_eff
-            d = {k: sum(p * (x[k].double() - y[k].double()) / a_i for p, y, a_i in zip(share, trained, a))
+            own = sum(p * a_i for p, a_i in zip(share, norms))  # tau_eff
+            d = {k: sum(p * (x[k].double() - y[k].double()) / a_i for p, y, a_i in zip(share, trained, norms))
                  for k in x}
             x = {k: (x[k].double() - own * d[k]).float() for k in x}
         model.load_state_dict(x)

@@ -22,8 +22,8 @@ What is here, by role:
 - **strategies**: ``WeightedFedAvg`` (the ``fedavg`` strategy; override ``average`` or one
   Flower step) with its ``FedAvgConfig``, ``StrategyContext``, ``OFFERED_NODES_ONLY``,
   ``uploaded`` (what a paired client uploads), ``parameter_names``, the client queries'
-  ``QueryContext`` and ``query_nodes``, ``ReportsAnotherModel``; the ready-made checks
-  ``sgd_only``, ``plain_sgd_only``, ``dense_only``, ``all_of``.
+  ``QueryContext`` and ``query_nodes``, ``ReportsAnotherModel``, ``StartsFromItsOwnModel``;
+  the ready-made checks ``sgd_only``, ``plain_sgd_only``, ``dense_only``, ``all_of``.
 - **diagnostics**: ``Diagnostic`` and its contexts ``RoundState`` (server side),
   ``ClientContext`` and ``GlobalContext`` (client side), ``DiagnosticResult``,
   ``ClientUpdate``, ``decode_results`` (another diagnostic's compact results, by name: how
@@ -123,6 +123,7 @@ from fedmech_flwr.strategy import (
     FedAvgConfig,
     QueryContext,
     ReportsAnotherModel,
+    StartsFromItsOwnModel,
     StrategyContext,
     WeightedFedAvg,
     parameter_names,
@@ -151,7 +152,8 @@ __all__ = [
     "ClientData", "FedMechClient", "a_norm", "make_optimizer",
     # strategies
     "FedAvgConfig", "OFFERED_NODES_ONLY", "QueryContext", "REPORT_KEY", "ReportsAnotherModel", "SENT_ACCURACY",
-    "SENT_LOSS", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes", "uploaded", "weighted_fedavg",
+    "SENT_LOSS", "StartsFromItsOwnModel", "StrategyContext", "WeightedFedAvg", "parameter_names", "query_nodes",
+    "uploaded", "weighted_fedavg",
     "Check", "all_of", "dense_only", "plain_sgd_only", "sgd_only",
     # diagnostics
     "ClientContext", "ClientUpdate", "Clock", "Diagnostic", "DiagnosticResult", "GlobalContext", "Resumable",

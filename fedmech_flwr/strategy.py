@@ -104,6 +104,15 @@ class ReportsAnotherModel(Protocol):
     def reported(self, sent: NamedArrays) -> NamedArrays: ...
 
 
+@runtime_checkable
+class StartsFromItsOwnModel(Protocol):
+    """A strategy whose method fixes part of the model before training starts (FedETF: the
+    simplex-ETF head). The run starts from ``initial_model(initial)``, so round 0 evaluates,
+    and round 1 sends, the model the method begins with, not the randomly initialised one."""
+
+    def initial_model(self, initial: NamedArrays) -> NamedArrays: ...
+
+
 @dataclass
 class QueryContext:
     """What a strategy's client-side query handler may read inside the ClientApp."""

@@ -14,8 +14,9 @@ two have cosine -1/(K - 1), and they sum to zero. K vectors need d >= K here (U 
 orthonormal columns): the check refuses a model with fewer penultimate features than
 classes.
 
-The strategy sends the ETF head with the global model every round (in round 1 it replaces
-the initial model's random head) and puts it back into every aggregate; the client
+The run starts from the initial body with the ETF head (``initial_model``), so round 0
+evaluates the model the method begins with, not the random head; the strategy sends the ETF
+head with the global model every round and puts it back into every aggregate; the client
 (``etf``) keeps it frozen and trains the body on the ETF logits W h / (T ||h||). The
 server evaluates model(x) = W h, which has the same argmax as W h / ||h||: the feature
 normalisation and the temperature change the training loss, not the accuracy.
@@ -83,8 +84,12 @@ class FedETF(WeightedFedAvg):
         super().__init__(weighting=weighting, **kwargs)
         self.initial_head = initial_head
 
+    def initial_model(self, initial: NamedArrays) -> NamedArrays:
+        """The initial body under the ETF head: the run's round 0 (``StartsFromItsOwnModel``)."""
+        return {**initial, **self.initial_head}
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return super().configure_train(server_round, to_record({**from_record(arrays), **self.initial_head}), config, grid)
+        return super().configure_train(server_round, to_record(self.initial_model(from_record(arrays))), config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)

@@ -13,8 +13,11 @@ x - y_i = eta G_i a_i):
 
 for the float parameters; buffers take the weighted mean. p_i follows ``weighting``:
 ``examples`` (n_i / sum n, the paper's) or ``uniform``. With equal a_i it is FedAvg. The
-a_i assume local SGD, so the strategy refuses any other ``train.optimizer``. Its metric is
-``fednova-tau-eff``.
+a_i assume local SGD, so the strategy refuses any other ``train.optimizer``. It also
+refuses magnitude pruning: x - y_i would count the weights the pruner zeroed as gradient
+steps, and with unequal a_i a weight every client pruned moves off 0 (x = [1, 2], clients
+at [0, 1] and [0, 3] with 10 and 30 examples and ||a_i|| = 1 and 4 give w_0 = -0.42).
+Its metric is ``fednova-tau-eff``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from fedmech_flwr.api import (
     Outputs,
     StrategyContext,
     WeightedFedAvg,
+    all_of,
+    dense_only,
     parameter_names,
     sgd_only,
     weighted_mean,
@@ -70,6 +75,7 @@ OUTPUTS = Outputs("FedNova (strategy)", {
 
 
 @STRATEGIES.register("fednova", FedAvgConfig, pairs_with=("fednova",), outputs=OUTPUTS,
-                     check=sgd_only("fednova", "normalises by the aggregation vectors of local SGD"))
+                     check=all_of(sgd_only("fednova", "normalises by the aggregation vectors of local SGD"),
+                                  dense_only("fednova", "x by tau_eff sum_i p_i (x - y_i) / ||a_i||_1")))
 def fednova(params: FedAvgConfig, ctx: StrategyContext) -> FedNova:
     return FedNova(parameter_names(ctx), weighting=params.weighting, **OFFERED_NODES_ONLY)

@@ -102,17 +102,19 @@ def test_link_state(capsys):
     assert all(float(v) >= 0 for row in rows for v in row[1:])
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
 @pytest.mark.parametrize(("method", "train"), [("scaffold", "train.momentum=0"), ("fednova", "train.momentum=0.9")])
-def test_scaffold_and_fednova_agree_with_niid_benchs_rules_written_independently(method, train, capsys):
+def test_scaffold_and_fednova_agree_with_niid_benchs_rules_written_independently(method, train, epochs, capsys):
     """3 rounds over unequal shards (so FedNova's clients take unequal steps), each method
-    with the leaderboard's local SGD: fedmech's run and
+    with the leaderboard's local SGD, at 1 and 2 local epochs: fedmech's run and
     NIID-Bench's rule, side by side, agree to float rounding in accuracy, loss and the
     method's own number (a wrong sign or scale of SCAFFOLD's correction, of c_i+ or of c's
-    update, or of FedNova's a_i or tau_eff, moves all three in the first rounds)."""
+    update, or of FedNova's a_i or tau_eff, moves all three in the first rounds; a step
+    count or a_i over one epoch only shows at 2)."""
     load("niid_bench_rules").main(["--method", method, *TINY, "--set", "data.audit_per_class=10",
                                    "--set", "federation.num_rounds=3", "--set", "train.max_samples_per_round=null",
                                    "--set", "data.partition={name: dirichlet, alpha: 0.5, min_samples: 10}",
-                                   "--set", train])
+                                   "--set", train, "--set", f"train.epochs={epochs}"])
     rows = [line.split() for line in capsys.readouterr().out.strip().splitlines()[1:]]
     assert [row[0] for row in rows] == ["1", "2", "3"]
     for row in rows:

@@ -20,6 +20,7 @@ from fedmech_flwr.app.inprocess import train_replies
 from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, model_arrays, pack, to_record
 from fedmech_flwr.builtin.clients.feddyn import ALPHA, FedDynClient
 from fedmech_flwr.builtin.clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
+from fedmech_flwr.builtin.clients.proximal import ProximalClient
 from fedmech_flwr.builtin.clients.scaffold import CONTROL, DELTA_CONTROL, ScaffoldClient
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.builtin.strategies.feddyn import FedDyn
@@ -100,6 +101,25 @@ def test_scaffold_client_starts_from_a_zero_control_variate():
         np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], 0.94, rtol=1e-5)
 
 
+def test_scaffold_client_at_two_epochs_divides_by_every_local_step():
+    """Two epochs of two steps each, from the first test's start: each step moves by
+    0.1 (w + 0.5), w = 1, 0.85, 0.715, 0.5935, 0.48415. Algorithm 1's option II divides by
+    K = 4, every local step of the round (NIID-Bench counts them so too):
+    c_i+ = -0.5 + (1 - 0.48415) / (4 * 0.1) = 0.789625, the mean of the local gradients
+    wd * w at w0 to w3. K counted over one epoch (2) would give 2.07925."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=1.0, epochs=2, batch_size=12)
+    probe = make_client(BareScaffold, train)
+    c, c_i = filled(probe, 0.2), filled(probe, -0.3)
+    client = make_client(BareScaffold, train, state=c_i, received={CONTROL: c})
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1})
+    assert client.steps == 4
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 0.48415, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.state[name], 0.789625, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.upload[DELTA_CONTROL][name], 0.789625 + 0.3, rtol=1e-5, err_msg=name)
+
+
 def anchored_losses(client, step: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """On random logits: the cross-entropy, the client's loss with its weights at its anchor
     (the model it was sent), the loss once every weight moved by ``step``, and the number
@@ -170,6 +190,37 @@ def test_feddyn_loss_is_cross_entropy_minus_the_linear_plus_the_quadratic_term()
     torch.testing.assert_close(moved, ce - 0.098 * count, rtol=1e-4, atol=1e-4)
 
 
+def test_feddyn_client_at_two_epochs_keeps_its_anchor_and_updates_h_once():
+    """The first FedDyn test's recursion over four steps (two epochs of two): theta =
+    1, 1.25, 1.4875, 1.713125, 1.92746875, every step anchored at theta^{t-1} = 1; h_k is
+    updated once, after the round: 0.5 - 0.1 (1.92746875 - 1) = 0.407253125."""
+    train = TrainConfig(optimizer="sgd", lr=0.5, momentum=0.0, epochs=2, batch_size=12)
+    client = make_client(BareFedDyn, train)
+    client.state = filled(client, 0.5)
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1, ALPHA: 0.1})
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 1.92746875, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(client.state[name], 0.407253125, rtol=1e-5, err_msg=name)
+
+
+class BareProximal(ProximalClient, ZeroDataLoss):
+    pass
+
+
+def test_proximal_client_at_two_epochs_stays_anchored_at_the_global_model():
+    """mu = 1, weight decay 1, lr 0.1, from w = 1 (the global model, the anchor): each step
+    moves by 0.1 (w + (w - 1)), w = 0.9, 0.82, 0.756, 0.7048 over two epochs of two steps.
+    An anchor that followed the live weights (no proximal pull) would give 0.9^4 = 0.6561."""
+    train = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=1.0, epochs=2, batch_size=12)
+    client = make_client(BareProximal, train)
+    start = filled(client, 1.0)
+    weights, _, _ = client.fit(list(start.values()), {"server-round": 1, "proximal-mu": 1.0})
+    assert client.steps == 4
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose(value, 0.7048, rtol=1e-5, err_msg=name)
+
+
 def test_fednova_a_norm_of_momentum_sgd():
     assert a_norm(1, 0.9) == pytest.approx(1.0)
     assert a_norm(5, 0.0) == 5.0
@@ -190,6 +241,39 @@ def test_fednova_client_reports_its_steps_and_a_norm():
     client = make_client(FedNovaClient, TrainConfig(optimizer="sgd", momentum=0.5, epochs=1, batch_size=8))
     _, _, metrics = client.fit(client.get_parameters({}), {"server-round": 1})
     assert metrics[STEPS] == 3 and metrics[A_NORM] == pytest.approx(4.25)  # 24 samples, batch 8
+
+
+class UnitGradient(FedMechClient):
+    """The loss is the sum of the float parameters: every gradient is 1, so SGD's
+    displacement counts the gradients its steps add up to (lr ||a||_1 per weight)."""
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return 0.0 * logits.sum() + sum(p.sum() for p in self.model.parameters())
+
+
+class UnitGradientFedNova(FedNovaClient, UnitGradient):
+    pass
+
+
+@pytest.mark.parametrize(("epochs", "momentum", "expected"), [
+    # 6 steps at rho = 0.5: (6 - 0.5 (1 - 0.5^6) / 0.5) / 0.5 = 10.03125 (one epoch's 3 steps: 4.25)
+    (2, 0.5, 10.03125),
+    # 9 steps at rho = 0.9: (9 - 0.9 (1 - 0.9^9) / 0.1) / 0.1 = 36.874204...
+    (3, 0.9, (9 - 0.9 * (1 - 0.9**9) / 0.1) / 0.1),
+    (2, 0.0, 6.0),
+])
+def test_fednova_a_norm_counts_every_local_step_of_the_round(epochs, momentum, expected):
+    """Over several epochs tau is every step of the round and the momentum runs on across
+    the epochs (one optimiser per round): the reported ||a_i||_1 is what the weights moved,
+    in gradients, as the authors' code accumulates it (local_normalizing_vec)."""
+    client = make_client(UnitGradientFedNova, TrainConfig(optimizer="sgd", lr=0.1, momentum=momentum, epochs=epochs,
+                                                          batch_size=8))
+    start = filled(client, 1.0)
+    weights, _, metrics = client.fit(list(start.values()), {"server-round": 1})
+    assert metrics[STEPS] == 3 * epochs
+    assert metrics[A_NORM] == pytest.approx(expected, rel=1e-12)
+    for name, value in zip(start, weights):
+        np.testing.assert_allclose((1.0 - value) / 0.1, expected, rtol=1e-4, err_msg=name)
 
 
 # --- strategies ---------------------------------------------------------------------------
@@ -398,8 +482,8 @@ def test_feddyn_run_evaluates_the_plain_mean_and_records_the_sent_model(tmp_path
                                                        if k.startswith("model/")}).accuracy
 
 
-def test_scaffold_and_feddyn_refuse_pruning_with_the_reason():
-    for method in ("scaffold", "feddyn"):
+def test_scaffold_feddyn_and_fednova_refuse_pruning_with_the_reason():
+    for method in ("scaffold", "feddyn", "fednova"):
         with pytest.raises(ConfigError, match=rf"{method} updates .* pruning.mode=magnitude count the weights the "
                                               r"pruner set to 0 .*; set pruning.mode=dense"):
             smoke_config([*DENSE_SGD[1:], f"strategy={{name: {method}}}", f"client={{name: {method}}}"])

@@ -5,6 +5,7 @@ in-process smoke run per method with the misalignment diagnostic."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -25,12 +26,13 @@ from fedmech_flwr.builtin.strategies.fedetf import check_fedetf, simplex_etf
 from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.experiment import load_data, new_model
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.seeds import numpy_rng
+from fedmech_flwr.seeds import numpy_rng, seed_for
 from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig
+from fedmech_flwr.training import TrainConfig, evaluate, seed_everything
 
 LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""
@@ -139,6 +141,39 @@ def test_moon_reports_the_round_mean_of_the_contrastive_loss():
     assert metrics["moon-contrastive-loss"] == pytest.approx(math.log(2), rel=1e-5)
 
 
+def test_moon_over_two_epochs_with_momentum_is_the_papers_rule_step_by_step():
+    """MOON's local training written out from the paper (frozen copies of the global and the
+    previous model, CE + mu l_con per batch, one SGD optimiser with momentum for the whole
+    round, the client's batch order): after 2 epochs the weights and the reported round
+    mean of l_con agree with the client's. A global copy refreshed each epoch, a previous
+    model replaced mid-round or a metric over the last epoch only would part them."""
+    train = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, epochs=2, batch_size=8)
+    previous = tiny_model()
+    client = make_client(MoonClient, MoonConfig(mu=2.0), state=model_arrays(previous), train=train)
+    start = params_of(client)
+    model = tiny_model()
+    load_model_arrays(model, dict(zip(model.state_dict(), start)))
+    frozen = [m.eval().requires_grad_(False) for m in (copy.deepcopy(model), previous)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    generator = seed_everything(seed_for(0, "local-training", 0, 2))
+    l_con_sum, seen = 0.0, 0
+    for _ in range(2):
+        order = torch.randperm(len(client.data.y), generator=generator)
+        for i in range(0, len(order), 8):
+            x, y = client.data.x[order[i:i + 8]], client.data.y[order[i:i + 8]]
+            z = model.forward_features(x)
+            z_glob, z_prev = (m.forward_features(x) for m in frozen)
+            l_con = model_contrastive_loss(z, z_glob, z_prev, 0.5)
+            optimizer.zero_grad()
+            (F.cross_entropy(model.forward_head(z), y) + 2.0 * l_con).backward()
+            optimizer.step()
+            l_con_sum, seen = l_con_sum + l_con.item() * len(y), seen + len(y)
+    weights, _, metrics = client.fit(start, {"server-round": 2})
+    for got, want in zip(weights, model.state_dict().values(), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert metrics["moon-contrastive-loss"] == pytest.approx(l_con_sum / seen, rel=1e-5)
+
+
 def test_moon_says_whether_it_applied_the_term():
     """No previous model (the client's first round): the term is left out and the client
     says so (``moon-contrasted`` 0); with one, 1."""
@@ -233,6 +268,22 @@ def test_feddecorr_client_adds_beta_times_the_term_and_reports_it():
     torch.testing.assert_close(loss, F.cross_entropy(logits, y) + 0.3 * decorr)
     _, _, metrics = make_client(FedDecorrClient, FedDecorrConfig()).fit(params_of(client), {"server-round": 1})
     assert 1 / client.model.feature_dim <= metrics["feddecorr-loss"] <= 1
+
+
+def test_feddecorr_term_reaches_the_body():
+    """The body's gradient is that of CE + beta * L_decorr, not the cross-entropy's alone:
+    a term computed on detached features would be recorded and never trained on."""
+    client = make_client(FedDecorrClient, FedDecorrConfig(beta=0.3))
+    x, y = client.data.x[:8], client.data.y[:8]
+    client.objective(x, y)[0].backward()
+    got = client.model.conv1.weight.grad.clone()
+    client.model.zero_grad(set_to_none=True)
+    features = client.model.forward_features(x)
+    (F.cross_entropy(client.model.forward_head(features), y) + 0.3 * decorrelation_loss(features)).backward()
+    torch.testing.assert_close(got, client.model.conv1.weight.grad)
+    client.model.zero_grad(set_to_none=True)
+    F.cross_entropy(client.model(x), y).backward()
+    assert not torch.allclose(got, client.model.conv1.weight.grad, rtol=1e-3, atol=1e-6)  # the term's own share counts
 
 
 def test_feddecorr_reports_the_round_mean_of_the_term():
@@ -370,6 +421,14 @@ def test_smoke_run_records_the_method_and_the_misalignment_diagnostic(client, tm
         final = load_arrays(run / "model_final.safetensors")
         assert final["head.weight"].tobytes() == simplex_etf(4, 72, cfg.seed).astype(np.float32).tobytes()
         assert not final["head.bias"].any()
+        # round 0 is the initial body under the ETF head, the model the method starts from
+        bundle = load_data(cfg)
+        model = new_model(cfg, bundle, torch.device("cpu"))
+        load_model_arrays(model, {**model_arrays(model), "head.weight": final["head.weight"],
+                                  "head.bias": final["head.bias"]})
+        start = evaluate(model.eval(), bundle.x_test, bundle.y_test, bundle.num_classes, cfg.eval_batch_size)
+        [round_0] = [r for r in read_records(run, "eval") if r["round"] == 0]
+        assert round_0["loss"] == pytest.approx(start.loss, rel=1e-6)
 
 
 def test_moon_previous_models_survive_a_resume(tmp_path):

@@ -78,7 +78,14 @@ from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
 from fedmech_flwr.registry import BUILT_IN
 from fedmech_flwr.run_folder import CONFIG_FILE, METRICS_FILE, STATE_FILE, ResumePoint, RunFolder, read_records
-from fedmech_flwr.strategy import SENT_ACCURACY, SENT_LOSS, STRATEGIES, ReportsAnotherModel, StrategyContext
+from fedmech_flwr.strategy import (
+    SENT_ACCURACY,
+    SENT_LOSS,
+    STRATEGIES,
+    ReportsAnotherModel,
+    StartsFromItsOwnModel,
+    StrategyContext,
+)
 from fedmech_flwr.tensorboard_events import EventFiles
 from fedmech_flwr.training import EvalResult, evaluate, resolve_device
 from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
@@ -189,6 +196,8 @@ class Run:
         """The run's steps once its folder exists (the module docstring's 1 to 3, and the
         final model)."""
         inputs, fed, folder = self.inputs, self.cfg.federation, self.folder
+        if isinstance(inputs.strategy, StartsFromItsOwnModel):
+            initial = inputs.strategy.initial_model(initial)
         point = self._resume_point(initial) if inputs.resume else None
         if not inputs.resume:
             folder.write_config(inputs.recorded_config)
