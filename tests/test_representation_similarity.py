@@ -1,7 +1,7 @@
 """The representation_similarity diagnostic: linear CKA's known answers (a representation
 and itself, the transforms it ignores, hand-computed cases, the debiased estimator against
-the U-statistic it is), the diagnostic on models that differ only in their head, and its
-checks."""
+the U-statistic it is), the diagnostic on models that differ only in their head, its checks,
+and an in-process run with neural_collapse beside it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import small_cnn
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
 from fedmech_flwr.builtin.diagnostics.representation_similarity import (
     RepresentationSimilarity,
@@ -26,6 +27,8 @@ from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import balanced_split
 from fedmech_flwr.hooks import ClientUpdate, RoundState
+from fedmech_flwr.outputs import headline
+from fedmech_flwr.run_folder import read_records
 
 NUM_CLASSES = 4
 
@@ -182,3 +185,26 @@ def test_bad_settings_are_refused_before_the_run(make_cfg, params, audit_per_cla
     check_similarity(RepresentationSimilarityConfig(layers=["conv2", "head"], estimator="biased", images_per_class=1,
                                                     matrix_layer="conv2"), cfg, DataInfo(
         torch.arange(400) % 2, 100, 2, (1, 12, 12), 10), "diagnostics[0]")
+
+
+def test_an_in_process_run_records_both_lenses_every_round_and_draws_them(make_cfg, tmp_path):
+    cfg = make_cfg("data.audit_per_class=10",
+                   "diagnostics=[{name: representation_similarity}, {name: neural_collapse, clients: true}]")
+    run = run_in_process(cfg, tmp_path)
+    records = read_records(run, "diagnostic")
+    similarity = [r for r in records if r["name"] == "representation_similarity"]
+    collapse = [r for r in records if r["name"] == "neural_collapse"]
+    assert [r["round"] for r in similarity] == [r["round"] for r in collapse] == [1, 2]
+    for record in similarity:
+        assert record["images"] == 40 and record["clients"] == 3
+        assert record["layers"] == ["conv1", "conv2", "penultimate", "head"]
+        assert all(-0.5 < v <= 1.0 + 1e-9 for v in record["client_client"].values())
+        assert (run / "diagnostics" / "representation_similarity" / f"round_{record['round']:03d}.safetensors").is_file()
+    for record in collapse:
+        assert set(record["clients"]) == {"0", "1", "2"} and set(record["clients_mean"]) == set(record["global"])
+        assert record["global"]["nc1"] > 0 and 0 <= record["global"]["nc3"] <= 4 and 0 <= record["global"]["nc4"] <= 1
+    line = " | ".join(headline(read_records(run)))
+    assert "client-client CKA, head (logits)" in line and "NC3 classifier vs class means" in line
+    for name in ("representation_similarity_layers.png", "representation_similarity_rounds.png",
+                 "representation_similarity_matrix.png", "neural_collapse.png"):
+        assert (run / "plots" / name).is_file()
