@@ -1,7 +1,8 @@
 """The neural_collapse diagnostic: NC1 to NC4 at collapse (a simplex ETF of class means, no
 spread inside a class, the classifier the normalised means), on a hand-computed
-configuration that is not collapsed, FedETF's fixed head, and the diagnostic on a model.
-The in-process run is in tests/test_representation_similarity.py."""
+configuration that is not collapsed, FedETF's fixed head (alone and in a run), and the
+diagnostic on a model. The in-process run with both new diagnostics is in
+tests/test_representation_similarity.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from conftest import small_cnn
+from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
 from fedmech_flwr.builtin.diagnostics.neural_collapse import (
     METRICS,
@@ -23,6 +25,7 @@ from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.heads import LinearHead, balanced_split
 from fedmech_flwr.hooks import ClientUpdate, RoundState
+from fedmech_flwr.run_folder import read_records
 
 
 def head(weight, bias=None) -> LinearHead:
@@ -125,3 +128,14 @@ def test_the_diagnostic_measures_the_global_model_and_its_clients(separable_cnn)
 def test_a_run_without_an_audit_set_is_refused():
     with pytest.raises(ConfigError, match="neural_collapse measures .* set data.audit_per_class"):
         check_collapse(NeuralCollapseConfig(), None, DataInfo(torch.arange(40) % 4, 10, 4, (1, 8, 8), 0), "diagnostics[1]")
+
+
+def test_under_fedetf_the_global_classifier_is_a_simplex_etf_every_round(make_cfg, tmp_path):
+    cfg = make_cfg("strategy={name: fedetf}", "client={name: etf}", "data.audit_per_class=10",
+                   "diagnostics=[{name: neural_collapse}]")
+    records = read_records(run_in_process(cfg, tmp_path), "diagnostic")
+    assert [r["round"] for r in records] == [1, 2]
+    for record in records:
+        for key in ("nc2_classifier_equinorm", "nc2_classifier_equiangular", "nc2_classifier_max_angle"):
+            assert record["global"][key] == pytest.approx(0.0, abs=1e-5)
+        assert record["global"]["nc3"] > 0.0  # the features' class means are not yet the ETF
