@@ -52,6 +52,7 @@ from fedmech_flwr.api import (
     Diagnostic,
     DiagnosticResult,
     ExperimentConfig,
+    FedMechModel,
     LinearHead,
     Metric,
     Outputs,
@@ -62,8 +63,6 @@ from fedmech_flwr.api import (
 METRICS = ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_max_angle", "nc2_classifier_equinorm",
            "nc2_classifier_equiangular", "nc2_classifier_max_angle", "nc3", "nc4")
 """The keys of one model's record, every one 0 at collapse."""
-
-
 FORWARD_BATCH = 128
 """Images per forward pass: on a CPU, SimpleCNN runs 2 to 3 times slower per image in
 batches of 1,000 (its activations no longer fit the cache)."""
@@ -121,7 +120,7 @@ def collapse(f: torch.Tensor, y: torch.Tensor, head: LinearHead, num_classes: in
             "nc4": float(np.mean(predicted != nearest))}
 
 
-def model_collapse(model: Any, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, float | None]:
+def model_collapse(model: FedMechModel, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, float | None]:
     """``collapse`` of a model's penultimate features on ``(x, y)`` and its own head."""
     return collapse(features(model, x, batch_size=FORWARD_BATCH), y, LinearHead.of(model), num_classes)
 

@@ -121,13 +121,13 @@ def hsic(x: torch.Tensor, y: torch.Tensor, estimator: Estimator) -> float:
     return float((centred_gram(x, estimator) * centred_gram(y, estimator)).sum() / scale)
 
 
-def cka_matrix(representations: Sequence[torch.Tensor], estimator: Estimator) -> np.ndarray:
-    """Linear CKA between every pair of ``representations`` (each [n, d_i], rows the same
+def cka_matrix(xs: Sequence[torch.Tensor], estimator: Estimator) -> np.ndarray:
+    """Linear CKA between every pair of representations ``xs`` (each [n, d_i], rows the same
     samples) [M, M]; NaN where a representation is constant over the samples."""
-    if estimator == "debiased" and len(representations[0]) < 4:
-        raise ValueError(f"debiased CKA needs at least 4 samples, got {len(representations[0])}")
+    if estimator == "debiased" and len(xs[0]) < 4:
+        raise ValueError(f"debiased CKA needs at least 4 samples, got {len(xs[0])}")
     grams = []
-    for x in representations:
+    for x in xs:
         gram = centred_gram(x, estimator).flatten()
         norm = gram.norm()
         grams.append(gram / norm if norm > 0 else torch.full_like(gram, float("nan")))
@@ -135,7 +135,7 @@ def cka_matrix(representations: Sequence[torch.Tensor], estimator: Estimator) ->
     return (stacked @ stacked.T).numpy()
 
 
-def cka(x: torch.Tensor, y: torch.Tensor, estimator: Estimator = "biased") -> float:
+def cka(x: torch.Tensor, y: torch.Tensor, estimator: Estimator) -> float:
     """Linear CKA of two representations of the same samples (see ``cka_matrix``)."""
     return float(cka_matrix([x, y], estimator)[0, 1])
 

@@ -58,20 +58,20 @@ def test_cka_ignores_orthogonal_transforms_and_isotropic_scaling_but_not_stretch
 
 
 def test_cka_of_hand_computed_cases():
-    # 1-D representations: CKA is the squared Pearson correlation. x = (1, 2, 3, 4),
+    # Kornblith et al.'s (biased) estimator. 1-D representations: CKA is the squared Pearson correlation. x = (1, 2, 3, 4),
     # y = (1, 3, 2, 4): centred (-1.5, -0.5, 0.5, 1.5) and (-1.5, 0.5, -0.5, 1.5), covariance
     # sum 2.25 - 0.25 - 0.25 + 2.25 = 4, both variance sums 5: r = 0.8, CKA = 0.64.
     x = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
     y = torch.tensor([[1.0], [3.0], [2.0], [4.0]])
-    assert cka(x, y) == pytest.approx(0.64, abs=1e-12)
+    assert cka(x, y, "biased") == pytest.approx(0.64, abs=1e-12)
     # 2-D, both centred already, Y = X with its second axis doubled: X^T X = diag(2, 2),
     # Y^T Y = diag(2, 8), Y^T X = diag(2, 4), so CKA = ||Y^T X||^2 / (||X^T X|| ||Y^T Y||)
     # = (4 + 16) / (sqrt(8) sqrt(68)) = 10 / sqrt(136) = 0.85749...
     x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
     y = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]])
-    assert cka(x, y) == pytest.approx(10 / np.sqrt(136), abs=1e-12)
+    assert cka(x, y, "biased") == pytest.approx(10 / np.sqrt(136), abs=1e-12)
     # a constant representation has no CKA
-    assert np.isnan(cka(x, torch.ones(4, 3)))
+    assert np.isnan(cka(x, torch.ones(4, 3), "biased"))
 
 
 def test_the_debiased_hsic_is_song_et_al_s_u_statistic():
