@@ -11,7 +11,7 @@ between its parameters and the experiment or its data, run at validation; see
 own modules relatively.
 """
 
-from . import misalignment, misalignment_table, weight_divergence  # noqa: F401
+from . import misalignment, misalignment_table, neural_collapse, representation_similarity, weight_divergence  # noqa: F401
 from .circuits import diagnostic  # noqa: F401
 from .usae import command as usae_command  # noqa: F401
 from .usae import diagnostic as usae_diagnostic  # noqa: F401

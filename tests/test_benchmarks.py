@@ -45,6 +45,14 @@ def test_misalignment_round(capsys):
     assert ratio > 0
 
 
+def test_similarity_round(capsys):
+    load("similarity_round").main([*TINY, "--set", "data.audit_per_class=10"])
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert "representation_similarity s" in header and "neural_collapse s" in header
+    ratios = [float(v) for v in row.split()[3::2]]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
 @pytest.mark.integration
 def test_throughput_engine_against_the_bare_loop(capsys):
     load("throughput").main(["--samples", "128", "--repeats", "2", "--skip-flower"])
