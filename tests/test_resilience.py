@@ -457,7 +457,8 @@ def test_resume_from_a_checkpoint_ends_as_an_uninterrupted_run(tmp_path, capsys,
     """A stateful strategy (server momentum) too: its state after the checkpoint's round
     is saved beside the checkpoint. The run had finished round 3 (checkpoints 2 and 3) when
     its resume point was damaged; it resumes from round 2."""
-    momentum = LONG + ["strategy={name: test_server_momentum, beta: 0.5}"]
+    momentum = LONG + ["strategy={name: test_server_momentum, beta: 0.5}",
+                       "diagnostics=[{name: weight_divergence, every: 2}]"]  # a diagnosed round is checkpointed too
     reference = run_in_process(smoke_config(momentum), tmp_path / "reference")
     run = Path(shutil.copytree(reference, tmp_path / "run")).resolve()
     (run / "model_final.safetensors").unlink()
