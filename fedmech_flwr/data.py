@@ -570,13 +570,20 @@ def _read_cifar_torchvision(root: Path) -> list[np.ndarray]:
 
 @dataclass
 class SyntheticConfig:
-    num_train: int = field(default=600, metadata={"ge": 1})
-    num_test: int = field(default=200, metadata={"ge": 1})
-    num_classes: int = field(default=10, metadata={"ge": 2})
-    image_size: int = field(default=12, metadata={"ge": 4})
-    channels: int = field(default=1, metadata={"ge": 1})
+    num_train: int = field(default=600, metadata={"ge": 1, "le": 10_000_000})
+    num_test: int = field(default=200, metadata={"ge": 1, "le": 10_000_000})
+    num_classes: int = field(default=10, metadata={"ge": 2, "le": 100_000})
+    image_size: int = field(default=12, metadata={"ge": 4, "le": 4096})
+    channels: int = field(default=1, metadata={"ge": 1, "le": 1024})
     seed: int = 0
     """Same seed, same prototypes and samples."""
+
+
+def _synthetic_labels(cfg: SyntheticConfig, n: int, split: str) -> torch.Tensor:
+    """Balanced labels of one split in a seeded order, from a stream of their own, so the
+    checks before a run (``dataset_info``) read them without making a single image."""
+    rng = np.random.default_rng([cfg.seed, {"train": 1, "test": 2}[split]])
+    return torch.from_numpy(rng.permutation(np.arange(n) % cfg.num_classes))
 
 
 @DATASETS.register("synthetic", SyntheticConfig)
@@ -594,13 +601,13 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
         torch.from_numpy(coarse), size=cfg.image_size, mode="bilinear", align_corners=False
     )
 
-    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.from_numpy(rng.permutation(np.arange(n) % cfg.num_classes))
+    def sample(n: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        y = _synthetic_labels(cfg, n, split)
         noise = rng.normal(scale=1.0, size=(n, *protos.shape[1:])).astype(np.float32)
         return protos[y] + torch.from_numpy(noise), y
 
-    x_train, y_train = sample(cfg.num_train)
-    x_test, y_test = sample(cfg.num_test)
+    x_train, y_train = sample(cfg.num_train, "train")
+    x_test, y_test = sample(cfg.num_test, "test")
     # NumPy's single-threaded float64 sums: torch's parallel float32 reductions differ with
     # the thread count, and a client (1 thread) must see the samples the server does.
     plain = x_train.numpy().astype(np.float64)
@@ -615,3 +622,7 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
         num_classes=cfg.num_classes,
         class_names=tuple(f"class {i}" for i in range(cfg.num_classes)),
     )
+
+
+DESCRIBERS["synthetic"] = lambda cfg: DataInfo(_synthetic_labels(cfg, cfg.num_train, "train"), cfg.num_test,
+                                               cfg.num_classes, (cfg.channels, cfg.image_size, cfg.image_size))

@@ -123,6 +123,18 @@ def test_synthetic_shapes_balance_and_determinism():
     assert not torch.equal(a.x_train, other.x_train)
 
 
+def test_synthetic_described_without_images_has_the_labels_the_dataset_has():
+    """``dataset_info`` of the synthetic set reads its labels without making an image, so
+    the checks before a run draw the partitions the run does; for a size no machine holds
+    it answers at once."""
+    cfg = SyntheticConfig(num_train=60, num_test=21, num_classes=3, image_size=8, channels=3, seed=4)
+    info, bundle = dataset_info("synthetic", cfg), load_dataset("synthetic", cfg)
+    assert torch.equal(info.y_train, bundle.y_train)
+    assert (info.num_test, info.num_classes, info.input_shape) == (21, 3, (3, 8, 8))
+    huge = dataset_info("synthetic", SyntheticConfig(num_train=100, image_size=4096, channels=1024))
+    assert huge.input_shape == (1024, 4096, 4096) and huge.num_train == 100
+
+
 def test_synthetic_is_normalised_per_channel():
     x = load_dataset("synthetic", SyntheticConfig(channels=3)).x_train
     mean, std = x.mean(dim=(0, 2, 3)), x.std(dim=(0, 2, 3))
