@@ -31,6 +31,7 @@ from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_datase
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
+from fedmech_flwr.run_folder import memory_available_gib
 from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.typed import join_key, to_plain
 
@@ -127,9 +128,7 @@ def check_memory(cfg: ExperimentConfig, data: DataInfo, model: FedMechModel, whe
     """Refuse, in one line, an experiment whose estimated memory (``memory_needed``) is
     more than this machine has available, before anything is allocated: a typo such as
     ``image_size: 100000`` must not take the memory every other process on it uses."""
-    available = memory_available()
-    if available is None:
-        return
+    available = memory_available_gib() * 2**30  # infinite where unknown: nothing refused
     need, parts = memory_needed(cfg, data, model)
     if need > available:
         raise ConfigError(
@@ -183,17 +182,6 @@ def _activation_elements(model: FedMechModel, input_shape: tuple[int, int, int])
         for hook in hooks:
             hook.remove()
     return total
-
-
-def memory_available() -> int | None:
-    """Bytes of memory this machine has available (``MemAvailable`` in /proc/meminfo), or
-    None where there is no /proc/meminfo to read (then no estimate is refused)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 def _gib(n: int) -> str:

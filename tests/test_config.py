@@ -135,11 +135,11 @@ def test_memory_beyond_the_machine_is_refused_before_anything_is_allocated(monke
     need, parts = experiment.memory_needed(cfg, experiment.dataset_info("synthetic", cfg.data.dataset.params),
                                            experiment.new_model(cfg, _Shape(1, 4, 12)))
     assert 400 * 144 * 4 < need < 2**30 and "the data" in parts
-    monkeypatch.setattr(experiment, "memory_available", lambda: need - 1)
+    monkeypatch.setattr(experiment, "memory_available_gib", lambda: (need - 1) / 2**30)
     err = config_error()
     assert err.message.startswith("this experiment needs about") and "MemAvailable" in err.message
     assert err.where.endswith(f"{LOC}data.dataset")
-    monkeypatch.setattr(experiment, "memory_available", lambda: need)
+    monkeypatch.setattr(experiment, "memory_available_gib", lambda: need / 2**30)
     assert smoke_config().name == "smoke"
     monkeypatch.undo()
     err = config_error("data.dataset.image_size=4096", "data.dataset.num_train=1000000")
