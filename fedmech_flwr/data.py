@@ -579,13 +579,6 @@ class SyntheticConfig:
     """Same seed, same prototypes and samples."""
 
 
-def _synthetic_labels(cfg: SyntheticConfig, n: int, split: str) -> torch.Tensor:
-    """Balanced labels of one split in a seeded order, from a stream of their own, so the
-    checks before a run (``dataset_info``) read them without making a single image."""
-    rng = np.random.default_rng([cfg.seed, {"train": 1, "test": 2}[split]])
-    return torch.from_numpy(rng.permutation(np.arange(n) % cfg.num_classes))
-
-
 @DATASETS.register("synthetic", SyntheticConfig)
 def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
     """A tiny learnable set for tests: each class is a fixed smooth random prototype
@@ -601,13 +594,13 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
         torch.from_numpy(coarse), size=cfg.image_size, mode="bilinear", align_corners=False
     )
 
-    def sample(n: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        y = _synthetic_labels(cfg, n, split)
+    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.from_numpy(rng.permutation(np.arange(n) % cfg.num_classes))
         noise = rng.normal(scale=1.0, size=(n, *protos.shape[1:])).astype(np.float32)
         return protos[y] + torch.from_numpy(noise), y
 
-    x_train, y_train = sample(cfg.num_train, "train")
-    x_test, y_test = sample(cfg.num_test, "test")
+    x_train, y_train = sample(cfg.num_train)
+    x_test, y_test = sample(cfg.num_test)
     # NumPy's single-threaded float64 sums: torch's parallel float32 reductions differ with
     # the thread count, and a client (1 thread) must see the samples the server does.
     plain = x_train.numpy().astype(np.float64)
@@ -624,5 +617,29 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
     )
 
 
-DESCRIBERS["synthetic"] = lambda cfg: DataInfo(_synthetic_labels(cfg, cfg.num_train, "train"), cfg.num_test,
-                                               cfg.num_classes, (cfg.channels, cfg.image_size, cfg.image_size))
+SYNTHETIC_MAX_PROTOTYPE_VALUES = 2**26
+"""The most values the synthetic set's prototypes may hold (512 MiB as the float64 they
+are drawn in): describing the set steps its random stream past them, a second or two."""
+
+
+def _synthetic_info(cfg: SyntheticConfig) -> DataInfo:
+    """The synthetic set's labels and shapes without making an image: its seeded stream
+    is stepped past the prototypes' draws in chunks (the labels are drawn after them), so
+    the training labels are those ``synthetic`` makes, in constant memory."""
+    low = max(2, cfg.image_size // 4)
+    left = cfg.num_classes * cfg.channels * low * low
+    if left > SYNTHETIC_MAX_PROTOTYPE_VALUES:
+        raise ConfigError(
+            f"the synthetic set's prototypes ({cfg.num_classes} classes x {cfg.channels} channels x {low}x{low} "
+            f"pixels) would hold {left:,} values, more than {SYNTHETIC_MAX_PROTOTYPE_VALUES:,}; use fewer classes "
+            "or channels, or smaller images", "data.dataset")
+    rng = np.random.default_rng(cfg.seed)
+    while left:
+        chunk = min(left, 2**20)
+        rng.standard_normal(chunk)  # the same draws, one after the other, as ``rng.normal`` of them all
+        left -= chunk
+    y_train = torch.from_numpy(rng.permutation(np.arange(cfg.num_train) % cfg.num_classes))
+    return DataInfo(y_train, cfg.num_test, cfg.num_classes, (cfg.channels, cfg.image_size, cfg.image_size))
+
+
+DESCRIBERS["synthetic"] = _synthetic_info

@@ -101,6 +101,8 @@ def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
         data = dataset_info(dataset.name, dataset.params)
     except DataNotFoundError as err:
         raise ConfigError(f"{described} is not on this machine\n{err}", join_key(where, "data.dataset")) from err
+    except ConfigError as err:  # a dataset's own rule, at its key
+        raise ConfigError(err.message, join_key(where, err.where)) from err
     except ValueError as err:  # a foreign or damaged file
         raise ConfigError(f"{described} cannot be read: {err}", join_key(where, "data.dataset")) from err
     data = dataclasses.replace(data, audit_per_class=cfg.data.audit_per_class)
