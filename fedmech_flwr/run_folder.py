@@ -202,6 +202,29 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
     return records
 
 
+def records_end(records: list[dict[str, Any]], config: dict[str, Any]) -> int:
+    """The last round ``r`` such that every round from 0 to ``r`` holds its records: its
+    eval record, and a record of every diagnostic the saved ``config`` (plain, as in
+    config.yaml) makes due in it; -1 when round 0 lacks its eval record. A completed run
+    holds them all (``num_rounds``); a torn or cut metrics.jsonl ends earlier."""
+    evals = {r["round"] for r in records if r["kind"] == "eval"}
+    diagnosed = {(r.get("name"), r["round"]) for r in records if r["kind"] == "diagnostic"}
+    specs = [s for s in config.get("diagnostics") or [] if isinstance(s, dict)]
+    num_rounds = (config.get("federation") or {}).get("num_rounds", 0)
+    for server_round in range(num_rounds + 1):
+        due = [s["name"] for s in specs if server_round > 0 and _due(s, server_round)]
+        if server_round not in evals or any((name, server_round) not in diagnosed for name in due):
+            return server_round - 1
+    return num_rounds
+
+
+def _due(spec: dict[str, Any], server_round: int) -> bool:
+    """``config.DiagnosticSpec.due`` of a diagnostic as config.yaml holds it."""
+    if spec.get("rounds") is not None:
+        return server_round in spec["rounds"]
+    return server_round % (spec.get("every") or 1) == 0
+
+
 def process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22):
     with the pid, it names one process, so a pid the system reused reads as another one.
@@ -407,16 +430,46 @@ class RunFolder:
                 "pass a folder that `fedmech run` created"
             )
         status = read_status(path)
-        if status["status"] == "completed":
+        folder = cls(path)
+        if status["status"] == "completed" and folder.missing_rounds() is None:
             raise RunFolderError(f"{path} holds a completed run: nothing to resume; start a new run instead")
         if writer_alive(status):
             raise RunFolderError(
                 f"{path} is still being written by process {status['pid']} on this host; "
                 "stop that run first (or wait for it), then resume"
             )
-        folder = cls(path)
         folder.reserve()
         return folder
+
+    def missing_rounds(self) -> tuple[int, int] | None:
+        """``(N, M)`` where the records end at round N of the M the config asks for
+        (``records_end``), else None (all there, or no config or records to tell)."""
+        config = yaml.safe_load((self.path / CONFIG_FILE).read_text()) if (self.path / CONFIG_FILE).is_file() else None
+        num_rounds = ((config or {}).get("federation") or {}).get("num_rounds") if isinstance(config, dict) else None
+        if not isinstance(num_rounds, int) or not (self.path / METRICS_FILE).is_file():
+            return None
+        end = records_end(read_records(self.path), config)
+        return (end, num_rounds) if end < num_rounds else None
+
+    def resume_point(self) -> ResumePoint | None:
+        """Where a resume continues: the resume point (``load_state``), unless the records
+        end before it (a torn metrics.jsonl, records lost after the round was committed);
+        then the latest intact numbered checkpoint of a round the records hold, or None
+        (from the start), so that the rounds whose records are missing run again."""
+        point = self.load_state()
+        missing = self.missing_rounds()
+        if point is None or missing is None or point.last_round <= missing[0]:
+            return point
+        end, earlier = missing[0], None
+        for server_round in reversed([r for r in self.checkpoint_rounds() if r <= end]):
+            try:
+                earlier = self.checkpoint_point(server_round)
+                break
+            except BadFileError:
+                continue
+        log.warning("%s: records end at round %d but the resume point is round %d; resuming from %s", self.path,
+                    end, point.last_round, f"the checkpoint of round {earlier.last_round}" if earlier else "the start")
+        return earlier
 
     def write_config(self, plain_config: dict[str, Any]) -> None:
         write_text_atomic(self.path / CONFIG_FILE, yaml.safe_dump(plain_config, sort_keys=False))

@@ -16,7 +16,9 @@ A run's ``status``:
   that has no status.json yet (starting);
 - ``interrupted``: status.json says so (Ctrl-C, SIGTERM or SIGHUP stopped its ``fedmech``
   process), or says running but its writer is gone from this host; a sweep cell its
-  sweep stopped or whose sweep was killed;
+  sweep stopped or whose sweep was killed; a run status.json calls completed whose
+  records end before its last round ("completed, but records end at round N of M":
+  ``run_folder.records_end``), which ``--resume`` completes;
 - ``pending``: a sweep cell not started yet; ``unknown``: a run folder with a config and
   no status.json (killed or failed at its start); ``never started``: a folder that holds
   the ``run.lock`` of a ``fedmech`` process now gone (and perhaps its logs), nothing of
@@ -54,6 +56,7 @@ from fedmech_flwr.run_folder import (
     lock_writer,
     read_records,
     read_status,
+    records_end,
     writer_of,
 )
 from fedmech_flwr.yaml_text import read_yaml_file
@@ -262,6 +265,11 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         run.records = read_records(path)
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
+    if run.status == "completed" and run.num_rounds is not None and \
+            (end := records_end(run.records, run.config or {})) < run.num_rounds:
+        run.status, run.error = "interrupted", (
+            f"completed, but records end at round {max(end, 0)} of {run.num_rounds} ({METRICS_FILE} lost the rest); "
+            f"`fedmech run --resume {path}` runs the missing rounds again")
     if run.status == "running" and run.num_rounds is not None and run.last_round is not None:
         pace = seconds_per_round([r for r in run.records if r["kind"] == "eval"])
         run.eta = pace * (run.num_rounds - run.last_round) if pace is not None else None

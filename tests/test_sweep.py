@@ -204,6 +204,10 @@ def test_plan_action_per_cell_state(tmp_path):
     partial.mkdir()  # killed before the ServerApp wrote config.yaml
     assert plan_action(fresh, partial, False) == "start"
     assert plan_action({"status": "completed"}, status(tmp_path / "done", "completed"), True) == "skip"
+    torn = status(tmp_path / "torn", "completed")  # its records end at round 1 of 2
+    (torn / "config.yaml").write_text("federation: {num_rounds: 2}")
+    (torn / "metrics.jsonl").write_text('{"kind": "eval", "round": 0}\n{"kind": "eval", "round": 1}\n')
+    assert plan_action({"status": "completed"}, torn, False) == "resume"
     killed = status(tmp_path / "killed", "running")
     as_killed(killed)
     assert plan_action({"status": "running"}, killed, False) == "resume"

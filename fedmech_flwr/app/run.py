@@ -267,11 +267,11 @@ class Run:
         return folder
 
     def _resume_point(self, initial: NamedArrays) -> ResumePoint | None:
-        """The folder's resume point, checked against the model (its arrays in the model's
-        order), with the folder rewound to it; None when the run was killed before its
-        first one."""
+        """The folder's resume point (``RunFolder.resume_point``: none later than its
+        records), checked against the model (its arrays in the model's order), with the
+        folder rewound to it; None when the run was killed before its first one."""
         folder = self.folder
-        point = folder.load_state()
+        point = folder.resume_point()
         if point is not None:
             try:
                 load_model_arrays(self.inputs.build(initial), point.global_arrays)

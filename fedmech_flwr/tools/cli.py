@@ -376,15 +376,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the tidy table; a run whose plug-ins cannot be imported is named on stderr
-    (its plug-ins' metrics are left out, the rest exported)."""
+    """Write the tidy table; a run whose plug-ins cannot be imported (its plug-ins'
+    metrics are left out, the rest exported), or that did not complete, is named on stderr."""
     from fedmech_flwr.tools.export import check_out, export_rows, write_csv
 
     check_out(args.out)
-    columns, rows, not_imported = export_rows(args.paths, args.plugin)
+    columns, rows, problems = export_rows(args.paths, args.plugin)
     write_csv(columns, rows, args.out)
-    for problem in not_imported:
-        print(printable(f"Exported without its plug-ins' metrics: {problem}"), file=sys.stderr)
+    for problem in problems:
+        print(printable(problem), file=sys.stderr)
     print(printable(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}"))
     return EXIT_OK
 

@@ -71,9 +71,12 @@ def run_rows(run: FolderRun, head: dict[str, Any], metrics: dict[str, Metric]) -
 
 def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[str], list[dict[str, Any]], list[str]]:
     """The columns and rows of a sweep folder or run folders, with one line per run whose
-    recorded plug-ins cannot be imported here (their metrics are left out)."""
+    recorded plug-ins cannot be imported here (their metrics are left out), and one per
+    run with records that did not complete (what its ``status`` column says, and why)."""
     manifest, runs = read_inputs([Path(p).expanduser().resolve() for p in paths])
-    not_imported = import_plugins(runs, extra_plugins)
+    problems = [f"Exported without its plug-ins' metrics: {line}" for line in import_plugins(runs, extra_plugins)]
+    problems += [f"Exported, but {run.name} is {run.status}" + (f": {run.note}" if run.note else "")
+                 for run in runs if run.records and run.status != "completed"]
     axes = list(manifest.get("axes") or dict.fromkeys(a for r in runs for a in r.axes)) if manifest else []
     metrics = declared([record for run in runs for record in run.records])  # what plug-ins left undeclared too
     rows = []
@@ -81,7 +84,7 @@ def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[
         head = {"run": run.name, "sweep": manifest.get("name", "") if manifest else "",
                 **{axis: run.axes.get(axis, "") for axis in axes}}
         rows += run_rows(run, head, metrics)
-    return ["run", "sweep", *axes, *COLUMNS], rows, not_imported
+    return ["run", "sweep", *axes, *COLUMNS], rows, problems
 
 
 def write_csv(columns: list[str], rows: list[dict[str, Any]], path: Path) -> Path:

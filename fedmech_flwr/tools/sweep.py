@@ -71,6 +71,7 @@ from fedmech_flwr.run_folder import (
     SWEEP_LOCK_FILE,
     SWEEP_MANIFEST_FILE,
     FolderLock,
+    RunFolder,
     memory_available_gib,
     read_records,
     read_status,
@@ -425,10 +426,11 @@ def _folder_status(run_dir: Path) -> dict[str, Any] | None:
 
 
 def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str:
-    """What to do with a cell: ``skip`` (completed), ``start``, ``resume`` (killed or
-    interrupted, or failed with ``retry_failed``) or ``failed`` (report, do not run)."""
+    """What to do with a cell: ``skip`` (completed, every round's records there), ``start``,
+    ``resume`` (killed or interrupted, completed with rounds' records missing, or failed
+    with ``retry_failed``) or ``failed`` (report, do not run)."""
     status = _folder_status(run_dir)
-    if status and status["status"] == "completed":
+    if status and status["status"] == "completed" and RunFolder(run_dir).missing_rounds() is None:
         return "skip"
     if entry["status"] == "failed" and not retry_failed:
         return "failed"
