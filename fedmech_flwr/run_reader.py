@@ -63,7 +63,11 @@ from fedmech_flwr.yaml_text import read_yaml_file
 
 NOT_A_FOLDER = ("is neither a run folder (status.json, config.yaml and metrics.jsonl, made by `fedmech run`) nor a "
                 "sweep folder (sweep.json and runs/, made by `fedmech sweep`)")
-SWEEP_KILLED = "its sweep was killed; run the same `fedmech sweep` command again to continue it"
+def sweep_killed(command: str | None) -> str:
+    """A cell's reason when its sweep was killed: how to continue it, with the exact
+    command sweep.json keeps (older sweeps, which lack it: the same command again)."""
+    again = f"`{command}`" if command else "the same `fedmech sweep` command again"
+    return f"its sweep was killed; run {again} to continue it"
 
 
 @dataclass
@@ -227,9 +231,10 @@ def _folder_state(run: FolderRun, status: dict[str, Any]) -> tuple[str, str | No
     return state, None
 
 
-def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = False) -> None:
+def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = False, command: str | None = None) -> None:
     """Fill ``run`` from its folder: status (``claimed``: what a sweep's manifest says of
-    it, ``sweep_running``: whether its sweep runs), config, records, commit, wall time."""
+    it, ``sweep_running``: whether its sweep runs, ``command``: what continues it), config,
+    records, commit, wall time."""
     path = run.path
     if (path / CONFIG_FILE).is_file():
         run.config = read_yaml_file(path / CONFIG_FILE) or {}
@@ -239,7 +244,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
     run.num_rounds = _num_rounds(run.config, path / CONFIG_FILE)
     sweep_error, run.error = run.error, None
     if claimed == "running" and not sweep_running:
-        claimed, sweep_error = "interrupted", SWEEP_KILLED
+        claimed, sweep_error = "interrupted", sweep_killed(command)
     status = read_status(path)
     if status["status"] == "missing":  # a cell not started, or killed before its run wrote a status
         run.status = claimed if claimed in ("failed", "interrupted", "running") else "pending"
@@ -324,7 +329,7 @@ def read_sweep(folder: str | Path) -> SweepFolder:
                         group=cell.get("group", cell["name"]),
                         axes={k: _text(v) for k, v in cell.get("axes", {}).items()},
                         error=cell.get("error"), seconds=cell.get("seconds"))
-        _open(run, cell.get("status"), running)
+        _open(run, cell.get("status"), running, manifest.get("command"))
         runs.append(run)
     sweep = SweepFolder(folder, manifest, runs, writer)
     if running:

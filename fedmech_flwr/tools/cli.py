@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -416,12 +417,31 @@ def _only(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def sweep_command(args: argparse.Namespace, folder: Path) -> str:
+    """The exact ``fedmech sweep`` command that continues this sweep, ready to paste: its
+    file and every flag that chose its cells (--preset, --seeds, --only), its folder
+    (--out, whatever FEDMECH_OUT says then) and --parallel. Rerun without them, a sweep
+    of other cells would start (``--seeds 0`` dropped grows the sweep to every seed)."""
+    words = ["fedmech", "sweep", args.sweep]
+    if args.preset:
+        words += ["--preset", args.preset]
+    if args.seeds is not None:
+        words += ["--seeds", ",".join(map(str, args.seeds))]
+    for item in args.only:
+        words += ["--only", item]
+    words += ["--out", str(folder.parent)]
+    if args.parallel != 1:
+        words += ["--parallel", str(args.parallel)]
+    return shlex.join(words)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedmech_flwr.files import check_writable
     from fedmech_flwr.tools.sweep import check_fits, load_sweep, run_sweep
 
     plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
     folder = plan.folder(args.out)
+    command = sweep_command(args, folder)
     if args.dry_run:
         check_fits(plan.cells, args.parallel)
         check_writable(folder)
@@ -432,10 +452,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         with stopped_by_signals():
             outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
-                                 say=lambda line: print(printable(line), flush=True), verbose=args.verbose)
+                                 say=lambda line: print(printable(line), flush=True), verbose=args.verbose,
+                                 command=command)
     except KeyboardInterrupt as stop:
-        print("\n" + printable(f"stopped: every run the sweep started is stopped; run the same command again to "
-                               f"continue ({folder}) | {write_page([folder], folder)}"), file=sys.stderr)
+        print("\n" + printable(f"stopped: every run the sweep started is stopped; continue it with `{command}` "
+                               f"({folder}) | {write_page([folder], folder)}"), file=sys.stderr)
         return exit_code(stop)
     failed = [o for o in outcomes if o.status != "completed"]
     print(printable(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder "

@@ -102,8 +102,11 @@ def sweep_text(folder: Path, sweep: SweepFolder) -> str:
             lines.append(f"  {name}: {_phrase(cell)}")
     if sweep.state in ("failed", "interrupted"):
         retry = "; --retry-failed reruns its failed cells" if sweep.count("failed") else ""
-        lines.append(f"  continue it: run the same `fedmech sweep` command again (sweep folder {folder.resolve()}"
-                     f"{retry})")
+        if command := sweep.manifest.get("command"):
+            lines.append(f"  continue it: `{command}`{retry}")
+        else:  # a sweep.json from before the command was kept
+            lines.append(f"  continue it: run the same `fedmech sweep` command again (sweep folder "
+                         f"{folder.resolve()}{retry})")
     return "\n".join(map(printable, lines))
 
 
