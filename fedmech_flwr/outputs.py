@@ -25,14 +25,19 @@ core did not put there, becomes a generic metric shown as recorded under the hea
 ``GENERIC_TITLE``), and ``declarations(records)`` adds those to the declared ones, so
 ``fedmech status``, the report, ``fedmech export`` and TensorBoard show them;
 ``notice`` says once, at the first round that records them, how to declare them.
+
+A run records its declarations in its folder (``outputs_to_plain``, with each flagged
+value's flag: ``recorded_flags``), so that whoever reads the folder later shows them
+without importing a plug-in: inside ``reading(...)`` every function here answers from
+those (``outputs_from_plain``) instead of the registries.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 DEGENERATE_FRACTION = 0.9
@@ -257,16 +262,48 @@ def declarations(records: Iterable[dict[str, Any]] = ()) -> dict[str, Outputs]:
     return out
 
 
+_READING: list[dict[str, Outputs]] = []
+"""The declarations ``reading`` gives, innermost last; empty: the registries'."""
+
+
+@contextmanager
+def reading(outputs: dict[str, Outputs]) -> Iterator[None]:
+    """Inside this block the declarations are ``outputs`` (what run folders recorded,
+    ``outputs_from_plain``), not the registries': a reader of run folders shows what
+    their plug-ins declared without importing one."""
+    _READING.append(outputs)
+    try:
+        yield
+    finally:
+        _READING.pop()
+
+
 def _declared_outputs() -> dict[str, Outputs]:
-    """What the registered plug-ins declare (``declarations`` without the records)."""
+    """What the registered plug-ins declare (``declarations`` without the records), or
+    inside ``reading`` what it was given."""
+    if _READING:
+        return dict(_READING[-1])
     from fedmech_flwr import plugins
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.strategy import STRATEGIES
 
     plugins.load()
+    return registered_outputs()
+
+
+def registered_outputs(built_in_only: bool = False) -> dict[str, Outputs]:
+    """The declarations of the plug-ins registered in this process (``built_in_only``:
+    of the built-in ones alone, what a reader of a folder that recorded none falls back
+    on), imported by whoever called."""
+    from fedmech_flwr.hooks import DIAGNOSTICS
+    from fedmech_flwr.registry import BUILT_IN
+    from fedmech_flwr.strategy import STRATEGIES
+
+    def chosen(registry: Any) -> list[tuple[str, Any]]:
+        entries = [(name, registry.get(name)) for name in registry.names()]
+        return [(name, e) for name, e in entries if e.outputs and (e.source == BUILT_IN or not built_in_only)]
+
     out = {"eval": EVAL}
-    out.update({name: entry.outputs for name in DIAGNOSTICS.names() if (entry := DIAGNOSTICS.get(name)).outputs})
-    strategies = [entry.outputs for name in STRATEGIES.names() if (entry := STRATEGIES.get(name)).outputs]
+    out.update({name: entry.outputs for name, entry in chosen(DIAGNOSTICS)})
+    strategies = [entry.outputs for _, entry in chosen(STRATEGIES)]
     if strategies:
         out["strategy"] = Outputs("Strategy metrics", {k: m for o in strategies for k, m in o.metrics.items()},
                                   curves=tuple(k for o in strategies for k in o.curves),
@@ -319,6 +356,54 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
     return {source: Outputs(GENERIC_TITLE.format(record=source),
                             {key: Metric(key, (key,), "", 3, record=source) for key in keys})
             for source, keys in found.items()}
+
+
+_PATHS = ("path", "empty", "per", "per_class")
+"""A ``Metric``'s fields that hold key paths (tuples; lists in JSON)."""
+
+
+def outputs_to_plain(outputs: dict[str, Outputs]) -> dict[str, Any]:
+    """Declarations as JSON data, every field but the validity rules, whose results a run
+    records per round instead (``recorded_flags``); ``flagged`` says a metric has one."""
+    def metric(m: Metric) -> dict[str, Any]:
+        plain = {f.name: getattr(m, f.name) for f in fields(Metric) if f.name != "flag"}
+        return {**{k: list(v) if k in _PATHS and v is not None else v for k, v in plain.items()},
+                "flagged": m.flag is not None}
+
+    return {record: {"title": o.title, "metrics": {k: metric(m) for k, m in o.metrics.items()},
+                     "curves": list(o.curves), "headline": list(o.headline), "by_skew": list(o.by_skew)}
+            for record, o in outputs.items()}
+
+
+def outputs_from_plain(doc: dict[str, Any], flag_of: Callable[[str, dict[str, Any]], str | None]) -> dict[str, Outputs]:
+    """Declarations from ``outputs_to_plain`` data; a flagged metric's rule is
+    ``flag_of(KEY, record)`` (``RECORD.KEY``), which answers from the flags a run recorded
+    (``recorded_flags``): no plug-in's code runs. Fields a later version adds are dropped."""
+    known = {f.name for f in fields(Metric)} - {"flag"}
+
+    def metric(record: str, key: str, plain: dict[str, Any]) -> Metric:
+        values = {k: tuple(v) if k in _PATHS and v is not None else v for k, v in plain.items() if k in known}
+        name = f"{values.get('record') or record}.{key}"
+        flag = (lambda r, name=name: flag_of(name, r)) if plain.get("flagged") else None
+        return Metric(**values, flag=flag)
+
+    return {record: Outputs(o["title"], {k: metric(record, k, m) for k, m in o["metrics"].items()},
+                            tuple(o.get("curves", ())), tuple(o.get("headline", ())), tuple(o.get("by_skew", ())))
+            for record, o in doc.items()}
+
+
+def recorded_flags(outputs: dict[str, Outputs], records: Iterable[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Each flagged value among ``records``: ``{"RECORD.KEY": {"ROUND": flag}}``, what a
+    reader of the run folder shows where the metric's rule would run."""
+    records = list(records)
+    out: dict[str, dict[str, str]] = {}
+    for key, metric in metrics_of(outputs).items():
+        if metric.flag is None:
+            continue
+        for record in records_of(records, metric.record):
+            if lookup(record, metric.path) is not ABSENT and (flag := metric.flag(record)):
+                out.setdefault(key, {})[str(record["round"])] = flag
+    return out
 
 
 def notice(record: str, generic: Outputs, plugin: str) -> str:

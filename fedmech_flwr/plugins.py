@@ -52,8 +52,7 @@ def load() -> None:
     """Import the built-in packages, then every ``fedmech.plugins`` entry point (idempotent).
 
     A broken entry point is a ConfigError naming it, its distribution and its module."""
-    for package in PLUGIN_PACKAGES:
-        check_builtin(importlib.import_module(package))
+    load_built_in()
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = f"{point.dist.name} {point.dist.version}" if point.dist else "an unknown distribution"
         with loading(f"entry point '{point.name}' of {dist}"):
@@ -64,6 +63,13 @@ def load() -> None:
             except Exception as err:
                 raise ConfigError(f"the {ENTRY_POINT_GROUP} entry point '{point.name}' of {dist} cannot load module "
                                   f"'{point.module}': {_why(point.module, err)}; or uninstall {dist}") from err
+
+
+def load_built_in() -> None:
+    """Import the built-in packages alone (idempotent): what a reader of run folders runs,
+    which imports no installed or experiment's plug-in (``run_reader.recorded_outputs``)."""
+    for package in PLUGIN_PACKAGES:
+        check_builtin(importlib.import_module(package))
 
 
 def check_builtin(package: ModuleType) -> None:

@@ -6,6 +6,9 @@
     <run>/environment.json         versions, git hash, seed, host, device
     <run>/partitions.json          per-client sample counts, label histograms and data source
     <run>/metrics.jsonl            append-only records, one JSON object per line
+    <run>/outputs.json             what the records hold, as the run's plug-ins declared it (labels,
+                                   units, curves, ...) and each flagged value's flag, every round:
+                                   readers show it without importing a plug-in
     <run>/state.safetensors        resume point: the last completed round (every round)
     <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
     <run>/checkpoints/state/round_NNN.safetensors   the rest of round N's resume point (strategy
@@ -13,6 +16,7 @@
     <run>/model_final.safetensors  the final global model
     <run>/diagnostics/<name>/round_NNN.safetensors   arrays a diagnostic returned
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
+    <run>/plots/drawn.json         which plots each plug-in drew (``core``, ``strategy``, a diagnostic's name)
     <run>/status.json              running | completed | failed | interrupted (+ error, resumable, and
                                    the writer: pid, host and process start)
     <run>/run.lock                 the ``fedmech`` process running it (pid, host, start, since), while it runs
@@ -59,7 +63,7 @@ from fedmech_flwr.data import repo_root
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
-from fedmech_flwr.outputs import record_key
+from fedmech_flwr.outputs import Outputs, outputs_from_plain, outputs_to_plain, record_key
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ CONFIG_FILE = "config.yaml"
 ENVIRONMENT_FILE = "environment.json"
 PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
+OUTPUTS_FILE = "outputs.json"
 STATUS_FILE = "status.json"
 RESERVE_FILE = ".status-reserve"
 """Space kept for the status while a run is under way: on a full disk it is given up so
@@ -200,6 +205,25 @@ def read_records(run_dir: str | Path, kind: str | None = None) -> list[dict[str,
         if kind is None or record["kind"] == kind:
             records.append(record)
     return records
+
+
+def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, str]]] | None:
+    """The declarations a run recorded (``RunFolder.write_outputs``), as data
+    (``outputs.outputs_from_plain`` makes them ``Outputs``), and its flags by metric and
+    round; None for a folder from before runs recorded them."""
+    path = Path(run_dir) / OUTPUTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_bytes())
+        declarations, flags = doc["declarations"], doc["flags"]
+        if not isinstance(declarations, dict) or not isinstance(flags, dict):
+            raise TypeError("expected two objects, declarations and flags")
+        outputs_from_plain(declarations, lambda key, record: None)  # refuse what cannot be read, here
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise BadFileError(f"{path} is not the declarations a run records ({type(err).__name__}: {err}); the file "
+                           "was damaged: delete it to read the run with the built-in plug-ins' declarations") from None
+    return declarations, flags
 
 
 def records_end(records: list[dict[str, Any]], config: dict[str, Any]) -> int:
@@ -548,6 +572,12 @@ class RunFolder:
         """The aggregate's MetricRecord (the strategy's own per-round figures, e.g.
         ``aggregate_seconds`` or what matched_avg moved)."""
         self.append({"kind": "strategy", "round": server_round, **{record_key(k): v for k, v in metrics.items()}})
+
+    def write_outputs(self, outputs: dict[str, Outputs], flags: dict[str, dict[str, str]]) -> None:
+        """Record the declarations of what the records hold and the flags of their flagged
+        values (``outputs.recorded_flags``), replacing the last."""
+        write_text_atomic(self.path / OUTPUTS_FILE,
+                          json.dumps({"declarations": outputs_to_plain(outputs), "flags": flags}, indent=1))
 
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})

@@ -35,14 +35,22 @@ import datetime as dt
 import json
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import load_plugins
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, brief, shape
-from fedmech_flwr.outputs import records_of
+from fedmech_flwr.outputs import (
+    metrics_of,
+    outputs_from_plain,
+    outputs_to_plain,
+    reading,
+    records_of,
+    registered_outputs,
+)
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
@@ -54,6 +62,7 @@ from fedmech_flwr.run_folder import (
     SWEEP_MANIFEST_FILE,
     Writer,
     lock_writer,
+    read_outputs,
     read_records,
     read_status,
     records_end,
@@ -95,6 +104,10 @@ class FolderRun:
     commit: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     class_names: list[str] | None = None
+    outputs: tuple[dict[str, Any], dict[str, dict[str, str]]] | None = None
+    """What its records hold, as its plug-ins declared it when it ran, and its flagged
+    values' flags (``run_folder.read_outputs``); None for a folder from before runs
+    recorded them."""
     num_rounds: int | None = None
     eta: float | None = None
     """Seconds left, for a running run whose pace is known."""
@@ -270,6 +283,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         run.records = read_records(path)
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
+        run.outputs = read_outputs(path)
     if run.status == "completed" and run.num_rounds is not None and \
             (end := records_end(run.records, run.config or {})) < run.num_rounds:
         run.status, run.error = "interrupted", (
@@ -310,7 +324,8 @@ def _sweep_eta(runs: list[FolderRun], median: float | None, parallel: int | None
 
 def read_sweep(folder: str | Path) -> SweepFolder:
     """A sweep folder: its manifest, its cells as runs (``run_dir`` is relative to the
-    folder; a cell without a run folder is pending, or as its manifest says), whether it
+    folder, and must stay inside it; a cell without a run folder is pending, or as its
+    manifest says), whether it
     runs (its sweep.lock's writer alive here, or on another host) and its ETA."""
     folder = Path(folder)
     path = folder / SWEEP_MANIFEST_FILE
@@ -325,6 +340,10 @@ def read_sweep(folder: str | Path) -> SweepFolder:
     running = writer is not None and writer.state in ("alive", "elsewhere")
     runs = []
     for cell in cells:
+        if not (folder / cell["run_dir"]).resolve().is_relative_to(folder.resolve()):
+            raise BadFileError(f"{path}: cell {brief(cell['name'])} has run_dir {brief(cell['run_dir'])}, which leads out "
+                               "of the sweep folder; a sweep's runs are inside it (runs/CELL): the file was damaged or "
+                               "edited, so it is not read")
         run = FolderRun(cell["name"], folder / cell["run_dir"], seed=cell.get("seed"), config=cell.get("config"),
                         group=cell.get("group", cell["name"]),
                         axes={k: _text(v) for k, v in cell.get("axes", {}).items()},
@@ -392,16 +411,38 @@ def read_inputs(paths: list[Path]) -> tuple[dict[str, Any] | None, list[FolderRu
     return None, [read_run(p) for p in paths]
 
 
-def import_plugins(runs: list[FolderRun], extra: list[str] = ()) -> list[str]:
-    """Import the built-in and installed plug-ins, the ``extra`` modules (``--plugin``) and
-    every run's recorded ``plugins:``, so that their declared metrics are read; for the
-    runs whose plug-ins cannot be imported here, one line each saying why."""
+@contextmanager
+def recorded_outputs(runs: list[FolderRun], extra: list[str] = ()) -> Iterator[list[str]]:
+    """Inside this block, ``runs`` are shown with the declarations they recorded when they
+    ran (``outputs.reading``): no module a run folder names is imported, since opening
+    someone's results must not run their code. A flagged value's flag is the one its own
+    run recorded (a record is told apart by identity; one read again, as ``fedmech plot``
+    does, by round, of a lone run). A run that recorded none (a folder from before runs
+    did) is shown with the built-in plug-ins' declarations, its own plug-ins' metrics as
+    recorded: one line each such run, which the block yields. ``extra`` (``--plugin``)
+    modules are imported, as their user asks, and their declarations used."""
+    plugins.load_built_in()
     for module in extra:
         plugins.import_plugin(module, f"--plugin {module}")
-    problems = {}
+    registered = registered_outputs(built_in_only=not extra)
+    declared = outputs_to_plain(registered)
     for run in runs:
-        try:
-            load_plugins(run.config, str(run.path / CONFIG_FILE))
-        except ConfigError as err:
-            problems[run.name] = f"{run.name}: {err}"
-    return list(problems.values())
+        declared.update(run.outputs[0] if run.outputs else {})
+    own = {id(record): run.outputs[1] for run in runs if run.outputs for record in run.records}
+    lone = runs[0].outputs[1] if len(runs) == 1 and runs[0].outputs else None
+    rules = metrics_of(registered)
+
+    def flag_of(key: str, record: dict[str, Any]) -> str | None:
+        """The flag its run recorded; for a run that recorded none, the built-in rule's."""
+        flags = own.get(id(record), lone)
+        if flags is not None:
+            return flags.get(key, {}).get(str(record.get("round")))
+        rule = rules[key].flag if key in rules else None
+        return rule(record) if rule else None
+
+    merged = outputs_from_plain(declared, flag_of)
+    old = [f"{run.name} recorded no declarations (a folder from before runs did): its plug-ins' "
+           f"({', '.join(map(str, named))}) metrics are shown as recorded; --plugin MODULE shows them as declared"
+           for run in runs if run.outputs is None and (named := (run.config or {}).get("plugins"))]
+    with reading(merged):
+        yield old

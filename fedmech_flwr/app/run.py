@@ -69,7 +69,7 @@ from fedmech_flwr.experiment import (
     new_model,
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import duration, headline, notice, undeclared
+from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
@@ -168,6 +168,10 @@ class Run:
         """The TensorBoard event files (``tensorboard: true``), once the folder exists."""
         self._noticed: set[str] = set()
         """The records whose undeclared metrics this process has said how to declare."""
+        self._declared = declarations()
+        """What the registered plug-ins declare, recorded in the folder (``RunFolder.write_outputs``)."""
+        self._flags: dict[str, dict[str, str]] = {}
+        """The flags of the flagged values recorded so far, by metric and round."""
 
     def execute(self, grid: Grid, initial: NamedArrays, *, train_config: ConfigRecord | None = None,
                 evaluate_config: ConfigRecord | None = None, evaluate_fn: Evaluate | None = None) -> Result:
@@ -190,8 +194,10 @@ class Run:
         if not inputs.resume:
             folder.write_config(inputs.recorded_config)
             folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
+        kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
+        self._flags = recorded_flags(self._declared, kept)
+        folder.write_outputs(self._declared, self._flags)
         if self.cfg.tensorboard:  # a resumed run's rewritten whole, from the records its resume point kept
-            kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
             self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
                                      inputs.class_names, kept)
         roster = self._roster(grid)
@@ -352,6 +358,9 @@ class Run:
         state = self.state()
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds):
             folder.checkpoint(server_round, named, state)
+        for key, rounds in recorded_flags(self._declared, folder.recent).items():
+            self._flags.setdefault(key, {}).update(rounds)
+        folder.write_outputs(self._declared, self._flags)
         self.committed = ResumePoint(server_round, named, state)
         folder.save_state(self.committed)
         if self.events:

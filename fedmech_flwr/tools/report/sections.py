@@ -280,7 +280,7 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
                    unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
-                   images: list[tuple[Path, str]], paths: list[Path], not_imported: list[str],
+                   images: list[tuple[Path, str]], paths: list[Path], undeclared_runs: list[str],
                    verdict_lines: list[str], outputs: dict[str, Outputs] | None = None) -> tuple[str, list[Section]]:
     """The report's title and sections, shared by the HTML page and the Markdown file: the
     claim's figure and the verdict first, then the protocol it was measured at, the groups,
@@ -309,10 +309,11 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
                 for g in groups for r in g.runs if r.status != "completed"]
     not_in = Section("Runs not in the statistics", [left_out])
     sections = [not_in] if left_out and not done else []  # a failed or interrupted run's page says so first
-    if not_imported:
-        sections.append(Section("Plug-ins that could not be imported", [
-            "These runs list plug-ins under `plugins:` that this Python environment cannot import, so the metrics "
-            "those plug-ins declare are left out below: install them, or pass `--plugin MODULE`.", not_imported]))
+    if undeclared_runs:
+        sections.append(Section("Runs that recorded no declarations", [
+            "These runs list plug-ins under `plugins:` and come from before runs recorded what their plug-ins "
+            "declare; a report never imports a run's modules, so their metrics are shown as recorded, by key: "
+            "pass `--plugin MODULE` to import them and show them as declared.", undeclared_runs]))
     if not_drawn := [f"{r.name}: the plots of diagnostic {s['diagnostic']}, {s['reason']} (in {s['where']})"
                      for r in runs for s in skipped_plots(r.path)]:
         sections.append(Section("Plots not drawn", [
