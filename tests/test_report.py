@@ -635,6 +635,9 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
     assert "## Runs that recorded no declarations" in md and "gone recorded no declarations" in md
     assert main(["plot", str(runs[0])]) == 0
     assert f"{name}_geometry.png" in capsys.readouterr().out
+    write_report([runs[0]], tmp_path / "page")  # the run's page: its plug-in's own plot, under its name
+    page = (tmp_path / "page" / "report.md").read_text()
+    assert f"## Plots of {name}_geometry" in page and f"{name}_geometry: {name}_geometry.png" in page
     assert main(["plot", str(gone)]) == 0
     assert f"gone recorded no declarations (a folder from before runs did): its plug-ins' ({name}_missing)" in \
         capsys.readouterr().err
@@ -745,3 +748,16 @@ def test_the_panels_legend_lists_every_series_before_the_rings(tmp_path, monkeyp
                          flag_label="one class (ringed)")
     [fig] = drawn
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["IID", "α=0.05", "one class (ringed)"]
+
+
+def test_the_published_values_appear_only_beside_groups_they_describe(tmp_path):
+    """The paper's values sit on a page only where a group's config is in a value's
+    `where` (its dataset, partition, strategy): a user's own Krum run under a Dirichlet
+    0.5 skew gets no "Published values" section and none of its footnotes."""
+    paper_run = write_run(tmp_path / "fedavg", config(0))  # CIFAR-10, Dirichlet 0.05, FedAvg: the paper's cells
+    own = write_run(tmp_path / "krum", config(0, strategy={"name": "krum"},
+                                              data__partition={"name": "dirichlet", "alpha": 0.5, "min_samples": 10}))
+    write_report([paper_run], tmp_path / "paper", paper_file=PAPER_VALUES)
+    write_report([own], tmp_path / "own", paper_file=PAPER_VALUES)
+    assert "## Published values" in (tmp_path / "paper" / "report.md").read_text()
+    assert "## Published values" not in (tmp_path / "own" / "report.md").read_text()

@@ -42,7 +42,7 @@ from fedmech_flwr.tools.published import read_paper_values
 from fedmech_flwr.tools.report.comparisons import Comparison, compare
 from fedmech_flwr.tools.report.figures import plot_curves, plot_headline, plot_per_class
 from fedmech_flwr.tools.report.render import Image, Section, Table, to_html, to_markdown
-from fedmech_flwr.tools.report.sections import build_sections
+from fedmech_flwr.tools.report.sections import build_sections, plugin_plots
 from fedmech_flwr.tools.report.statistics import Group, Stat, format_stat, group_stat, make_groups
 from fedmech_flwr.tools.report.summary import skew_verdict, summary
 
@@ -97,7 +97,8 @@ def _write(manifest: dict | None, runs: list[FolderRun], undeclared_runs: list[s
     images = plot_curves(groups, plots) + plot_per_class(groups, plots)
     verdict_lines = skew_verdict(groups)
     title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths,
-                                     undeclared_runs, [line.strip() for line in verdict_lines], outputs)
+                                     undeclared_runs, [line.strip() for line in verdict_lines], outputs,
+                                     plugin_plots(runs, plots))
     write_text_atomic(out_dir / MARKDOWN_FILE, to_markdown(title, sections, out_dir))
     write_text_atomic(out_dir / SUMMARY_FILE, json.dumps(
         summary(manifest, groups, comparisons, unmatched, paper, confidence, metrics) | {"verdict": verdict_lines},

@@ -5,7 +5,9 @@ strategy leaderboard, the plots and where every run came from."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ import numpy as np
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, Outputs, declarations, declared, metrics_of
-from fedmech_flwr.plotting import skipped_plots
+from fedmech_flwr.plotting import DRAWN_FILE, skipped_plots
+from fedmech_flwr.run_folder import PLOTS_DIR
+from fedmech_flwr.run_reader import FolderRun
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.render import Image, Section, Table
@@ -281,7 +285,8 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
                    unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
                    images: list[tuple[Path, str]], paths: list[Path], undeclared_runs: list[str],
-                   verdict_lines: list[str], outputs: dict[str, Outputs] | None = None) -> tuple[str, list[Section]]:
+                   verdict_lines: list[str], outputs: dict[str, Outputs] | None = None,
+                   plugin_sections: list[Section] = ()) -> tuple[str, list[Section]]:
     """The report's title and sections, shared by the HTML page and the Markdown file: the
     claim's figure and the verdict first, then the protocol it was measured at, the groups,
     the runs that did not complete (first where none did: a failed or interrupted run's
@@ -327,7 +332,7 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
     if left_out and done:
         sections.append(not_in)
     sections += _metric_tables(groups, declarations() if outputs is None else outputs)
-    if paper:
+    if paper and comparisons:  # only beside groups whose runs a published value describes (its where)
         sections.append(_paper_section(comparisons, unmatched, paper))
     if board := _leaderboard(groups, varying):
         sections.append(board)
@@ -336,5 +341,29 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
                                           "the 95% CI (t) per round, or min–max where fewer than two runs; red "
                                           "rings mark rounds where a seed's value is flagged."]
                                 + [Image(path, caption) for path, caption in images]))
+    sections += plugin_sections
     sections.append(_provenance(manifest, groups, varying, paths))
     return title, sections
+
+
+def plugin_plots(runs: list[FolderRun], plots: Path) -> list[Section]:
+    """A section per diagnostic, under its name, holding the plots it drew of the first
+    completed run that has them (``plots/drawn.json``; on a run's own page, its plots),
+    copied into the report's ``plots`` folder: a plug-in's own figures are shown wherever
+    its run is."""
+    shown: dict[str, tuple[FolderRun, list[Path]]] = {}
+    for run in runs:
+        drawn = run.path / PLOTS_DIR / DRAWN_FILE
+        if run.status != "completed" or not drawn.is_file():
+            continue
+        for source, files in json.loads(drawn.read_text()).items():
+            found = [run.path / PLOTS_DIR / Path(name).name for name in files]
+            if source not in ("core", "strategy") and (found := [p for p in found if p.is_file()]):
+                shown.setdefault(source, (run, found))
+    sections = []
+    for source, (run, found) in shown.items():
+        plots.mkdir(parents=True, exist_ok=True)
+        copies = [shutil.copyfile(path, plots / f"{source}-{path.name}") for path in found]
+        sections.append(Section(f"Plots of {source}", [f"As diagnostic {source} drew them for run {run.name}."]
+                                + [Image(Path(copy), f"{source}: {path.name}") for copy, path in zip(copies, found)]))
+    return sections
