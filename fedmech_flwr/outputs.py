@@ -341,7 +341,7 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
     strategy = outputs.get("strategy")
     skip_strategy = {*RECORD_FIELDS, *CORE_STRATEGY_KEYS, *(strategy.metrics if strategy else ()),
                      *(k for r in records if r.get("kind") == "client" for k in r)}
-    found: dict[str, dict[str, None]] = {}
+    found: dict[str, dict[tuple[str, ...], None]] = {}
     for record in records:
         if record.get("kind") == "diagnostic" and isinstance(record.get("name"), str) \
                 and record["name"] not in outputs:
@@ -351,11 +351,39 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
         else:
             continue
         for key, value in record.items():
-            if key not in skip and _numeric(value):
-                found.setdefault(source, {})[key] = None
+            if key not in skip:
+                found.setdefault(source, {}).update(dict.fromkeys(numeric_leaves(value, (key,))))
     return {source: Outputs(GENERIC_TITLE.format(record=source),
-                            {key: Metric(key, (key,), "", 3, record=source) for key in keys})
-            for source, keys in found.items()}
+                            {".".join(path): Metric(".".join(path), path, "", 3, record=source) for path in paths})
+            for source, paths in found.items() if paths}
+
+
+def numeric_leaves(value: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The key paths of every number in ``value``, a number or a mapping of them however
+    nested (per layer, per client): ``("per_layer", "conv1")``. Each is a metric of its
+    own: one row of the CSV, one TensorBoard scalar."""
+    if _numeric(value):
+        return [path]
+    if isinstance(value, dict):
+        return [leaf for key, inner in value.items() for leaf in numeric_leaves(inner, (*path, str(key)))]
+    return []
+
+
+def unshown(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | None = None) -> dict[str, list[str]]:
+    """By diagnostic that declares outputs, the keys of its records holding numbers that no
+    declared metric reads (none of their paths starts there): written to metrics.jsonl,
+    shown nowhere else, which the run says once (``app.run``)."""
+    outputs = _declared_outputs() if outputs is None else outputs
+    out: dict[str, dict[str, None]] = {}
+    for record in records:
+        name = record.get("name")
+        if record.get("kind") != "diagnostic" or name not in outputs:
+            continue
+        read = {metric.path[0] for metric in outputs[name].metrics.values()}
+        for key, value in record.items():
+            if key not in read and key not in RECORD_FIELDS and numeric_leaves(value, (key,)):
+                out.setdefault(name, {})[key] = None
+    return {name: list(keys) for name, keys in out.items()}
 
 
 _PATHS = ("path", "empty", "per", "per_class")

@@ -341,9 +341,9 @@ def read_sweep(folder: str | Path) -> SweepFolder:
     runs = []
     for cell in cells:
         if not (folder / cell["run_dir"]).resolve().is_relative_to(folder.resolve()):
-            raise BadFileError(f"{path}: cell {brief(cell['name'])} has run_dir {brief(cell['run_dir'])}, which leads out "
-                               "of the sweep folder; a sweep's runs are inside it (runs/CELL): the file was damaged or "
-                               "edited, so it is not read")
+            raise BadFileError(f"{path}: cell {brief(cell['name'])} has run_dir {brief(cell['run_dir'])}, which "
+                               "leads out of the sweep folder; a sweep's runs are inside it (runs/CELL): the file "
+                               "was damaged or edited, so it is not read")
         run = FolderRun(cell["name"], folder / cell["run_dir"], seed=cell.get("seed"), config=cell.get("config"),
                         group=cell.get("group", cell["name"]),
                         axes={k: _text(v) for k, v in cell.get("axes", {}).items()},

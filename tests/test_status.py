@@ -32,7 +32,8 @@ def write_run(path: Path, status: str = "running", evals: tuple | None = None,
               **extra) -> Path:
     """A run folder as a run writes it: eval records of ``(round, elapsed_seconds)``, by
     default 10 s a round up to round 3, or up to the last round of a completed run."""
-    evals = evals if evals is not None else tuple((r, 10.0 * r) for r in range(1 + (num_rounds if status == "completed" else 3)))
+    last = num_rounds if status == "completed" else 3
+    evals = evals if evals is not None else tuple((r, 10.0 * r) for r in range(last + 1))
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump({"name": "t", "federation": {"num_rounds": num_rounds}}))
     (path / "status.json").write_text(json.dumps({"status": status, "pid": pid or os.getpid(), "host": host, **extra}))

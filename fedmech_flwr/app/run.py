@@ -69,7 +69,7 @@ from fedmech_flwr.experiment import (
     new_model,
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared
+from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared, unshown
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
@@ -436,7 +436,8 @@ class Run:
         """Once per plug-in, at the first round it records metrics it does not declare, one
         line: they are shown as recorded, and how to declare them (``outputs.notice``); a
         warning for a user's plug-in, information for a built-in one (whose undeclared keys
-        are per layer of the model, such as matched_avg's)."""
+        are per layer of the model, such as matched_avg's). Likewise, once, the keys holding
+        numbers that a diagnostic which declares outputs records beside them (``outputs.unshown``)."""
         for record, generic in undeclared(records).items():
             if record in self._noticed:
                 continue
@@ -445,6 +446,15 @@ class Run:
                                     else ("DIAGNOSTICS", DIAGNOSTICS, record))
             built_in = name in registry.names() and registry.get(name).source == BUILT_IN
             log.log(logging.INFO if built_in else logging.WARNING, "%s", notice(record, generic, f"{kind} {name!r}"))
+        for name, keys in unshown(records).items():
+            if f"{name} (unshown)" in self._noticed:
+                continue
+            self._noticed.add(f"{name} (unshown)")
+            built_in = name in DIAGNOSTICS.names() and DIAGNOSTICS.get(name).source == BUILT_IN
+            log.log(logging.INFO if built_in else logging.WARNING,
+                    "DIAGNOSTICS %r records %s without declaring them: they are kept in metrics.jsonl, but no page, "
+                    "CSV or TensorBoard shows them; declare them in its outputs=Outputs(...) (fedmech_flwr.api)",
+                    name, ", ".join(keys))
 
     def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
         """The console's round line: the round's declared headline metrics with their

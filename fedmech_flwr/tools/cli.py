@@ -364,8 +364,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         print(printable(f"importing {module} to draw its plots (--plugin): its code runs in this process"),
               file=sys.stderr)
     config = run_dir / CONFIG_FILE  # without one, plot_run says what is wrong
-    outputs = read_outputs(run_dir) if config.is_file() else None
-    runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config), outputs=outputs)] if config.is_file() else []
+    runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config), outputs=read_outputs(run_dir))
+            ] if config.is_file() else []
     with recorded_outputs(runs, args.plugin) as undeclared_runs:
         for path in plot_run(args.run_dir):
             print(printable(str(path)))
