@@ -442,4 +442,4 @@ def notice(record: str, generic: Outputs, plugin: str) -> str:
     keys = ", ".join(generic.metrics)
     return (f"{plugin} records metrics it does not declare ({keys}): they are shown as recorded under "
             f"'{generic.title}'; to give them labels, units and curves, register it with "
-            f"{registry}.register({name}, ..., outputs=Outputs(...)) (fedmech_flwr.outputs)")
+            f"{registry}.register({name}, ..., outputs=Outputs(...)) (fedmech_flwr.api)")

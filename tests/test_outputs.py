@@ -154,7 +154,7 @@ def test_a_notice_at_the_first_round_says_how_to_declare_them(lab, tmp_path, cap
         f"DIAGNOSTICS '{lab}_spread' records metrics it does not declare (spread, points, detail.nested): they are "
         f"shown as recorded under '{lab}_spread: metrics it records without declaring them (as recorded)'; to give them "
         f"labels, units and curves, register it with DIAGNOSTICS.register('{lab}_spread', ..., "
-        "outputs=Outputs(...)) (fedmech_flwr.outputs)")
+        "outputs=Outputs(...)) (fedmech_flwr.api)")
     assert lines[1].getMessage().startswith(f"STRATEGIES '{lab}_krum' records metrics it does not declare "
                                             "(krum_selected)")
 
