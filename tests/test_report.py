@@ -761,3 +761,25 @@ def test_the_published_values_appear_only_beside_groups_they_describe(tmp_path):
     write_report([own], tmp_path / "own", paper_file=PAPER_VALUES)
     assert "## Published values" in (tmp_path / "paper" / "report.md").read_text()
     assert "## Published values" not in (tmp_path / "own" / "report.md").read_text()
+
+
+def test_the_pages_words_are_plain(tmp_path):
+    """No "preset none" for a sweep without one, "1 run" not "1 runs", no 95% interval
+    claimed over a single seed, and "val-selected" said in words."""
+    iou = declared()["circuits.intra_client"]
+    assert format_stat(iou, Stat(None, None, 0, undefined=1, empty=0)) == "undefined in 1 run"
+    root = tmp_path / "sweep"
+    cells = []
+    for partition, label in (({"name": "iid"}, "iid"), ({"name": "dirichlet", "alpha": 0.05, "min_samples": 10},
+                                                         "dir0.05")):
+        cfg = config(0, data__partition=partition)
+        write_run(root / "runs" / f"{label}_s0", cfg)
+        cells.append({"name": f"{label}_s0", "run_dir": f"runs/{label}_s0", "status": "completed", "seed": 0,
+                      "group": label, "axes": {"data.partition": label}, "config": cfg})
+    (root / "sweep.json").write_text(json.dumps({"name": "one-seed", "preset": None, "axes": ["data.partition"],
+                                                 "cells": cells}))
+    write_report([root], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "preset none" not in md and "no preset (the file's own settings)" in md
+    assert "one seed, so no interval" in md and "95% interval over seeds" not in md
+    assert "val-selected: the epoch of a retrained head picked by its accuracy on a validation split" in md

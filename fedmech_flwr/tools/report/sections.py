@@ -273,8 +273,10 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
              f"Seeds: {', '.join(sorted({str(r.seed) for r in runs}))}",
              "Commits: " + (", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items())) or "unknown")]
     if manifest is not None:
-        items[:0] = [f"Sweep: {manifest.get('name')} ({manifest.get('file')}), "
-                     f"preset {manifest.get('preset') or 'none'}, axes {', '.join(manifest.get('axes', [])) or 'none'}"]
+        preset = f"preset {manifest['preset']}" if manifest.get("preset") else "no preset (the file's own settings)"
+        axes = ", ".join(manifest.get("axes", []))
+        items[:0] = [f"Sweep: {manifest.get('name')} ({manifest.get('file')}), {preset}, "
+                     + (f"axes {axes}" if axes else "no axes (one group, its seeds)")]
     items.append("Inputs: " + ", ".join(str(p) for p in paths))
     table = Table(["run", "group", "seed", "status", "error, or where it runs", "wall time", "commit"],
                   [[r.name, g.label, str(r.seed), r.status, r.note or "", _wall_time(r.seconds), r.commit or "–"]
@@ -295,7 +297,8 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
     runs = [r for g in groups for r in g.runs]
     done = sum(r.status == "completed" for r in runs)
     if manifest:
-        title = f"fedmech report: sweep {manifest.get('name')}, preset {manifest.get('preset') or 'none'}"
+        preset = manifest.get("preset")
+        title = f"fedmech report: sweep {manifest.get('name')}" + (f", preset {preset}" if preset else "")
         title += f" ({len(runs) - done} of {len(runs)} runs not completed)" if done < len(runs) else ""
     elif len(runs) == 1:
         title = f"fedmech run {runs[0].name}: {runs[0].status}"
@@ -310,6 +313,11 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
              "metric's validity rule flags is marked ⚑ with the number of seeds (e.g. one class: the model "
              f"predicts one class for more than {DEGENERATE_FRACTION:.0%} of the test images, so its accuracy is "
              "chance); it never satisfies a published bound."]
+    labels = [m.label for m in metrics_of(declarations() if outputs is None else outputs).values()]
+    if any("(val-selected)" in label for label in labels):
+        intro.append("val-selected: the epoch of a retrained head picked by its accuracy on a validation split of the "
+                     "server's audit set, never on the test set; test-selected picks it on the test set, an upper "
+                     "bound that no deployment could reach.")
     left_out = [f"{r.name} (group {g.label}, seed {r.seed}): {r.status}" + (f": {r.note}" if r.note else "")
                 for g in groups for r in g.runs if r.status != "completed"]
     not_in = Section("Runs not in the statistics", [left_out])
