@@ -36,7 +36,8 @@ mutation:
 	cd build/mutation && nice -n 19 ../../.venv/bin/mutmut run --max-children 1
 
 # The documentation site: regenerate the reference pages from the code, then build it into
-# site/ (open site/index.html); --strict fails on a broken link or anchor.
+# site/ (open site/index.html: the pages without search; `make docs-serve` has it); --strict
+# fails on a broken link or anchor.
 docs:
 	.venv/bin/python -m fedmech_flwr.tools.reference
 	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict

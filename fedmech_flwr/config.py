@@ -151,7 +151,7 @@ class DataConfig:
     """Which dataset, e.g. ``{name: fashion_mnist, root: null}``."""
     partition: Component = component("partition")
     """How training samples are split over clients, e.g. ``{name: dirichlet, alpha: 0.1}``."""
-    audit_per_class: int = field(default=0, metadata={"ge": 0})
+    audit_per_class: int = field(default=0, metadata={"ge": 0, "le": 1_000_000})
     """The server-held audit set: this many training samples of each class (seeded) are
     held out from every client and given to server-side diagnostics as the data set
     ``audit``. 0: no audit set. Never the test set."""
@@ -159,20 +159,20 @@ class DataConfig:
 
 @dataclass
 class FederationConfig:
-    num_clients: int = field(default=10, metadata={"ge": 1})
+    num_clients: int = field(default=10, metadata={"ge": 1, "le": 100_000})
     """Number of partitions; must equal the number of SuperNodes."""
-    num_rounds: int = field(default=5, metadata={"ge": 1})
+    num_rounds: int = field(default=5, metadata={"ge": 1, "le": 100_000})
     """Aggregation rounds; the diagnostics run after those their ``every`` names."""
-    clients_per_round: int | None = field(default=None, metadata={"ge": 1})
+    clients_per_round: int | None = field(default=None, metadata={"ge": 1, "le": 100_000})
     """Clients sampled per round by partition-id with a seeded RNG; null means all."""
     on_client_failure: Literal["fail", "continue"] = "fail"
     """What a failed client (it raised, timed out or sent NaN/Inf weights) does: ``fail``
     stops the run; ``continue`` drops it and goes on."""
-    min_replies: int = field(default=1, metadata={"ge": 1})
+    min_replies: int = field(default=1, metadata={"ge": 1, "le": 100_000})
     """With ``continue``: fewer successful replies than this fails the round."""
     round_timeout_s: float = field(default=3600.0, metadata={"gt": 0.0})
     """How long the server waits for the replies of one round; later replies fail."""
-    checkpoint_every: int = field(default=1, metadata={"ge": 1})
+    checkpoint_every: int = field(default=1, metadata={"ge": 1, "le": 100_000})
     """Write ``checkpoints/round_NNN`` every N rounds, after the last, and after every round
     a diagnostic ran in (so ``fedmech diagnose`` can rerun it there). Independent of the
     resume point (``state.safetensors``), which is replaced every round."""
@@ -183,7 +183,7 @@ class SimulationConfig:
     """Where and with what the simulated clients run (Ray). The Deployment Engine ignores
     all but ``cpus_per_client`` (the torch thread count of every client)."""
 
-    cpus_per_client: int = field(default=1, metadata={"ge": 1})
+    cpus_per_client: int = field(default=1, metadata={"ge": 1, "le": 1024})
     """CPU cores per client (Ray resource); also the client's torch thread count."""
     gpus_per_client: float = field(default=0.0, metadata={"ge": 0.0, "le": 1.0})
     """Fraction of a GPU per client, e.g. 0.25 runs four clients per GPU: a Ray resource,
@@ -232,7 +232,7 @@ class ExperimentConfig:
     the SuperLink's, not your project). ``--out`` or ``FEDMECH_OUT`` override it."""
     tensorboard: bool = True
     """Write TensorBoard event files of every declared metric into the run folder."""
-    eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    eval_batch_size: int = field(default=1000, metadata={"ge": 1, "le": 1_000_000})
     """Images per forward pass when the server tests the global model (memory, not results)."""
     pruning: PruningConfig = field(default_factory=PruningConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -254,7 +254,7 @@ class FlowerAppConfig:
     experiment says of a run, less the data, model, client and strategy, which the app
     owns. Saved as the run folder's config and sent to the app's clients."""
 
-    num_classes: int = field(metadata={"ge": 2})
+    num_classes: int = field(metadata={"ge": 2, "le": 100_000})
     name: str = field(default="flower-app", metadata={"parse": _parse_name})
     """Names the run folder, ``<output_root>/<name>-<UTC time>``."""
     seed: int = 0
@@ -265,7 +265,7 @@ class FlowerAppConfig:
     """Where run folders go: absolute or ``~/...``."""
     tensorboard: bool = True
     """Write TensorBoard event files of every declared metric into the run folder."""
-    eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+    eval_batch_size: int = field(default=1000, metadata={"ge": 1, "le": 1_000_000})
     """Images per forward pass when the server tests the global model (memory, not results)."""
     include_head: bool = False
     """Count the classifier head in the eval record's ``sparsity``."""

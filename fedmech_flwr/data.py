@@ -570,11 +570,11 @@ def _read_cifar_torchvision(root: Path) -> list[np.ndarray]:
 
 @dataclass
 class SyntheticConfig:
-    num_train: int = field(default=600, metadata={"ge": 1})
-    num_test: int = field(default=200, metadata={"ge": 1})
-    num_classes: int = field(default=10, metadata={"ge": 2})
-    image_size: int = field(default=12, metadata={"ge": 4})
-    channels: int = field(default=1, metadata={"ge": 1})
+    num_train: int = field(default=600, metadata={"ge": 1, "le": 10_000_000})
+    num_test: int = field(default=200, metadata={"ge": 1, "le": 10_000_000})
+    num_classes: int = field(default=10, metadata={"ge": 2, "le": 100_000})
+    image_size: int = field(default=12, metadata={"ge": 4, "le": 4096})
+    channels: int = field(default=1, metadata={"ge": 1, "le": 1024})
     seed: int = 0
     """Same seed, same prototypes and samples."""
 
@@ -615,3 +615,31 @@ def synthetic(cfg: SyntheticConfig) -> DatasetBundle:
         num_classes=cfg.num_classes,
         class_names=tuple(f"class {i}" for i in range(cfg.num_classes)),
     )
+
+
+SYNTHETIC_MAX_PROTOTYPE_VALUES = 2**26
+"""The most values the synthetic set's prototypes may hold (512 MiB as the float64 they
+are drawn in): describing the set steps its random stream past them, a second or two."""
+
+
+def _synthetic_info(cfg: SyntheticConfig) -> DataInfo:
+    """The synthetic set's labels and shapes without making an image: its seeded stream
+    is stepped past the prototypes' draws in chunks (the labels are drawn after them), so
+    the training labels are those ``synthetic`` makes, in constant memory."""
+    low = max(2, cfg.image_size // 4)
+    left = cfg.num_classes * cfg.channels * low * low
+    if left > SYNTHETIC_MAX_PROTOTYPE_VALUES:
+        raise ConfigError(
+            f"the synthetic set's prototypes ({cfg.num_classes} classes x {cfg.channels} channels x {low}x{low} "
+            f"pixels) would hold {left:,} values, more than {SYNTHETIC_MAX_PROTOTYPE_VALUES:,}; use fewer classes "
+            "or channels, or smaller images", "data.dataset")
+    rng = np.random.default_rng(cfg.seed)
+    while left:
+        chunk = min(left, 2**20)
+        rng.standard_normal(chunk)  # the same draws, one after the other, as ``rng.normal`` of them all
+        left -= chunk
+    y_train = torch.from_numpy(rng.permutation(np.arange(cfg.num_train) % cfg.num_classes))
+    return DataInfo(y_train, cfg.num_test, cfg.num_classes, (cfg.channels, cfg.image_size, cfg.image_size))
+
+
+DESCRIBERS["synthetic"] = _synthetic_info

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +31,7 @@ from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_datase
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
+from fedmech_flwr.run_folder import memory_available_gib
 from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.typed import join_key, to_plain
 
@@ -98,16 +101,19 @@ def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
         data = dataset_info(dataset.name, dataset.params)
     except DataNotFoundError as err:
         raise ConfigError(f"{described} is not on this machine\n{err}", join_key(where, "data.dataset")) from err
+    except ConfigError as err:  # a dataset's own rule, at its key
+        raise ConfigError(err.message, join_key(where, err.where)) from err
     except ValueError as err:  # a foreign or damaged file
         raise ConfigError(f"{described} cannot be read: {err}", join_key(where, "data.dataset")) from err
     data = dataclasses.replace(data, audit_per_class=cfg.data.audit_per_class)
     try:  # the core's own rules, which name their keys relative to the experiment
         client_partitions(cfg, data)
-        with torch.random.fork_rng(devices=[]):  # a check leaves the caller's random state alone
-            build_model(cfg.model.name, cfg.model.params, in_channels=data.input_shape[0],
-                        num_classes=data.num_classes, image_size=data.input_shape[1])
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: no weight is allocated
+            model = build_model(cfg.model.name, cfg.model.params, in_channels=data.input_shape[0],
+                                num_classes=data.num_classes, image_size=data.input_shape[1])
     except ConfigError as err:
         raise ConfigError(err.message, join_key(where, err.where)) from err
+    check_memory(cfg, data, model, where)
     for i, spec in enumerate(cfg.diagnostics):
         late = [r for r in spec.rounds or () if r > cfg.federation.num_rounds]
         if late:
@@ -118,6 +124,70 @@ def check_experiment(cfg: ExperimentConfig, where: str = "") -> None:
         check = registries[kind].get(chosen.name).check
         if check is not None:
             check(chosen.params, cfg, data, join_key(where, key))
+
+
+def check_memory(cfg: ExperimentConfig, data: DataInfo, model: FedMechModel, where: str = "") -> None:
+    """Refuse, in one line, an experiment whose estimated memory (``memory_needed``) is
+    more than this machine has available, before anything is allocated: a typo such as
+    ``image_size: 100000`` must not take the memory every other process on it uses."""
+    available = memory_available_gib() * 2**30  # infinite where unknown: nothing refused
+    need, parts = memory_needed(cfg, data, model)
+    if need > available:
+        raise ConfigError(
+            f"this experiment needs about {_gib(need)} of memory ({parts}), more than the {_gib(available)} this "
+            "machine has available (MemAvailable in /proc/meminfo); make the images, the data, the model or the "
+            "batches smaller (data.dataset, model, train.batch_size, eval_batch_size), or run fewer clients at "
+            "once (simulation.cpus_per_client)", join_key(where, "data.dataset"))
+
+
+def memory_needed(cfg: ExperimentConfig, data: DataInfo, model: FedMechModel) -> tuple[int, str]:
+    """Bytes a run of ``cfg`` takes on this machine at least, and what they are made of.
+
+    Every process holds the whole dataset as float32 tensors (``load_dataset``) and the
+    model: the server with each sampled client's reply, and, on a private Ray, each client
+    actor (one per ``cpus_per_client`` CPUs, at most one per client) with its gradients,
+    two optimiser moments and a training batch's activations and their gradients. Clients
+    on a Ray cluster (``simulation.ray_address``) count there, not here. ``model`` may live
+    on the meta device: only its shapes are read. Diagnostics' own buffers are not
+    counted, so a refusal never comes from an over-estimate."""
+    samples = data.num_train + data.num_test
+    data_bytes = samples * (math.prod(data.input_shape) * 4 + 8)
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    activations = 4 * _activation_elements(model, data.input_shape)
+    sampled = cfg.federation.clients_per_round or cfg.federation.num_clients
+    server = data_bytes + weights * (2 + sampled) + activations * cfg.eval_batch_size
+    client = data_bytes + weights * 5 + 2 * activations * cfg.train.batch_size
+    cpus = cfg.simulation.cpus_per_client
+    actors = 0 if cfg.simulation.ray_address else min(os.cpu_count() or 1, cfg.federation.num_clients * cpus) // cpus
+    parts = (f"the data {_gib(data_bytes)} in each of {1 + actors} processes, the server's model and replies "
+             f"{_gib(server - data_bytes)}, each of {actors} client(s)' training {_gib(client - data_bytes)}")
+    return server + actors * client, parts
+
+
+def _activation_elements(model: FedMechModel, input_shape: tuple[int, int, int]) -> int:
+    """Elements of every module's output for one image: a forward pass on the meta device,
+    which computes shapes only (0 for a model whose forward needs real values)."""
+    total = 0
+
+    def count(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        nonlocal total
+        total += output.numel() if isinstance(output, torch.Tensor) else 0
+
+    meta = model.to("meta")
+    hooks = [m.register_forward_hook(count) for m in meta.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            meta(torch.empty((1, *input_shape), device="meta"))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        total = 0
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def _chosen(cfg: ExperimentConfig) -> list[tuple[str, Any, str]]:

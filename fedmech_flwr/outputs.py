@@ -25,14 +25,19 @@ core did not put there, becomes a generic metric shown as recorded under the hea
 ``GENERIC_TITLE``), and ``declarations(records)`` adds those to the declared ones, so
 ``fedmech status``, the report, ``fedmech export`` and TensorBoard show them;
 ``notice`` says once, at the first round that records them, how to declare them.
+
+A run records its declarations in its folder (``outputs_to_plain``, with each flagged
+value's flag: ``recorded_flags``), so that whoever reads the folder later shows them
+without importing a plug-in: inside ``reading(...)`` every function here answers from
+those (``outputs_from_plain``) instead of the registries.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 DEGENERATE_FRACTION = 0.9
@@ -289,9 +294,15 @@ RERUN = "@"
 settings (``fedmech diagnose ... --as LABEL``)."""
 
 
+RERUN_FLAGS = "flags"
+"""In a ``NAME@LABEL`` record: the flag of each of its flagged values by metric key, which
+``fedmech diagnose`` computed with NAME's rules (``rerun_flags``)."""
+
+
 def reruns(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs]) -> dict[str, Outputs]:
     """The declarations of the ``NAME@LABEL`` records among ``records``: NAME's own, each
-    label suffixed ``[LABEL]``, so that every view shows a rerun beside the original."""
+    label suffixed ``[LABEL]`` and each flag read from the record itself (``RERUN_FLAGS``),
+    so that every view shows a rerun beside the original without running a rule."""
     out = {}
     for record in records:
         name = record.get("name")
@@ -300,21 +311,66 @@ def reruns(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs]) -> di
         base, label = name.split(RERUN, 1)
         if original := outputs.get(base):
             out[name] = Outputs(f"{original.title}, rerun as {label} (fedmech diagnose)",
-                                {k: replace(m, label=f"{m.label} [{label}]") for k, m in original.metrics.items()},
+                                {k: replace(m, label=f"{m.label} [{label}]", record="",
+                                            flag=_flag_in_record(k) if m.flag else None)
+                                 for k, m in original.metrics.items()},
                                 curves=original.curves, headline=original.headline)
     return out
 
 
+def _flag_in_record(key: str) -> Flag:
+    return lambda record: (record.get(RERUN_FLAGS) or {}).get(key)
+
+
+def rerun_flags(outputs: Outputs, record: dict[str, Any]) -> dict[str, str]:
+    """The flag of each flagged value of ``record`` by ``outputs``' rules, by metric key:
+    what a ``NAME@LABEL`` record carries (``RERUN_FLAGS``)."""
+    return {key: flag for key, metric in outputs.metrics.items()
+            if metric.flag and lookup(record, metric.path) is not ABSENT and (flag := metric.flag(record))}
+
+
+_READING: list[dict[str, Outputs]] = []
+"""The declarations ``reading`` gives, innermost last; empty: the registries'."""
+
+
+@contextmanager
+def reading(outputs: dict[str, Outputs]) -> Iterator[None]:
+    """Inside this block the declarations are ``outputs`` (what run folders recorded,
+    ``outputs_from_plain``), not the registries': a reader of run folders shows what
+    their plug-ins declared without importing one."""
+    _READING.append(outputs)
+    try:
+        yield
+    finally:
+        _READING.pop()
+
+
 def _declared_outputs() -> dict[str, Outputs]:
-    """What the registered plug-ins declare (``declarations`` without the records)."""
+    """What the registered plug-ins declare (``declarations`` without the records), or
+    inside ``reading`` what it was given."""
+    if _READING:
+        return dict(_READING[-1])
     from fedmech_flwr import plugins
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.strategy import STRATEGIES
 
     plugins.load()
+    return registered_outputs()
+
+
+def registered_outputs(built_in_only: bool = False) -> dict[str, Outputs]:
+    """The declarations of the plug-ins registered in this process (``built_in_only``:
+    of the built-in ones alone, what a reader of a folder that recorded none falls back
+    on), imported by whoever called."""
+    from fedmech_flwr.hooks import DIAGNOSTICS
+    from fedmech_flwr.registry import BUILT_IN
+    from fedmech_flwr.strategy import STRATEGIES
+
+    def chosen(registry: Any) -> list[tuple[str, Any]]:
+        entries = [(name, registry.get(name)) for name in registry.names()]
+        return [(name, e) for name, e in entries if e.outputs and (e.source == BUILT_IN or not built_in_only)]
+
     out = {"eval": EVAL}
-    out.update({name: entry.outputs for name in DIAGNOSTICS.names() if (entry := DIAGNOSTICS.get(name)).outputs})
-    strategies = [entry.outputs for name in STRATEGIES.names() if (entry := STRATEGIES.get(name)).outputs]
+    out.update({name: entry.outputs for name, entry in chosen(DIAGNOSTICS)})
+    strategies = [entry.outputs for _, entry in chosen(STRATEGIES)]
     if strategies:
         out["strategy"] = Outputs("Strategy metrics", {k: m for o in strategies for k, m in o.metrics.items()},
                                   curves=tuple(k for o in strategies for k in o.curves),
@@ -353,7 +409,7 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
     strategy = outputs.get("strategy")
     skip_strategy = {*RECORD_FIELDS, *CORE_STRATEGY_KEYS, *(strategy.metrics if strategy else ()),
                      *(k for r in records if r.get("kind") == "client" for k in r)}
-    found: dict[str, dict[str, None]] = {}
+    found: dict[str, dict[tuple[str, ...], None]] = {}
     for record in records:
         if record.get("kind") == "diagnostic" and isinstance(record.get("name"), str) \
                 and record["name"] not in outputs:
@@ -363,11 +419,87 @@ def undeclared(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | 
         else:
             continue
         for key, value in record.items():
-            if key not in skip and _numeric(value):
-                found.setdefault(source, {})[key] = None
+            if key not in skip:
+                found.setdefault(source, {}).update(dict.fromkeys(numeric_leaves(value, (key,))))
     return {source: Outputs(GENERIC_TITLE.format(record=source),
-                            {key: Metric(key, (key,), "", 3, record=source) for key in keys})
-            for source, keys in found.items()}
+                            {".".join(path): Metric(".".join(path), path, "", 3, record=source) for path in paths})
+            for source, paths in found.items() if paths}
+
+
+def numeric_leaves(value: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The key paths of every number in ``value``, a number or a mapping of them however
+    nested (per layer, per client): ``("per_layer", "conv1")``. Each is a metric of its
+    own: one row of the CSV, one TensorBoard scalar."""
+    if _numeric(value):
+        return [path]
+    if isinstance(value, dict):
+        return [leaf for key, inner in value.items() for leaf in numeric_leaves(inner, (*path, str(key)))]
+    return []
+
+
+def unshown(records: Iterable[dict[str, Any]], outputs: dict[str, Outputs] | None = None) -> dict[str, list[str]]:
+    """By diagnostic that declares outputs, the keys of its records holding numbers that no
+    declared metric reads (none of their paths starts there): written to metrics.jsonl,
+    shown nowhere else, which the run says once (``app.run``)."""
+    outputs = _declared_outputs() if outputs is None else outputs
+    out: dict[str, dict[str, None]] = {}
+    for record in records:
+        name = record.get("name")
+        if record.get("kind") != "diagnostic" or name not in outputs:
+            continue
+        read = {metric.path[0] for metric in outputs[name].metrics.values()}
+        for key, value in record.items():
+            if key not in read and key not in RECORD_FIELDS and numeric_leaves(value, (key,)):
+                out.setdefault(name, {})[key] = None
+    return {name: list(keys) for name, keys in out.items()}
+
+
+_PATHS = ("path", "empty", "per", "per_class")
+"""A ``Metric``'s fields that hold key paths (tuples; lists in JSON)."""
+
+
+def outputs_to_plain(outputs: dict[str, Outputs]) -> dict[str, Any]:
+    """Declarations as JSON data, every field but the validity rules, whose results a run
+    records per round instead (``recorded_flags``); ``flagged`` says a metric has one."""
+    def metric(m: Metric) -> dict[str, Any]:
+        plain = {f.name: getattr(m, f.name) for f in fields(Metric) if f.name != "flag"}
+        return {**{k: list(v) if k in _PATHS and v is not None else v for k, v in plain.items()},
+                "flagged": m.flag is not None}
+
+    return {record: {"title": o.title, "metrics": {k: metric(m) for k, m in o.metrics.items()},
+                     "curves": list(o.curves), "headline": list(o.headline), "by_skew": list(o.by_skew)}
+            for record, o in outputs.items()}
+
+
+def outputs_from_plain(doc: dict[str, Any], flag_of: Callable[[str, dict[str, Any]], str | None]) -> dict[str, Outputs]:
+    """Declarations from ``outputs_to_plain`` data; a flagged metric's rule is
+    ``flag_of(KEY, record)`` (``RECORD.KEY``), which answers from the flags a run recorded
+    (``recorded_flags``): no plug-in's code runs. Fields a later version adds are dropped."""
+    known = {f.name for f in fields(Metric)} - {"flag"}
+
+    def metric(record: str, key: str, plain: dict[str, Any]) -> Metric:
+        values = {k: tuple(v) if k in _PATHS and v is not None else v for k, v in plain.items() if k in known}
+        name = f"{values.get('record') or record}.{key}"
+        flag = (lambda r, name=name: flag_of(name, r)) if plain.get("flagged") else None
+        return Metric(**values, flag=flag)
+
+    return {record: Outputs(o["title"], {k: metric(record, k, m) for k, m in o["metrics"].items()},
+                            tuple(o.get("curves", ())), tuple(o.get("headline", ())), tuple(o.get("by_skew", ())))
+            for record, o in doc.items()}
+
+
+def recorded_flags(outputs: dict[str, Outputs], records: Iterable[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Each flagged value among ``records``: ``{"RECORD.KEY": {"ROUND": flag}}``, what a
+    reader of the run folder shows where the metric's rule would run."""
+    records = list(records)
+    out: dict[str, dict[str, str]] = {}
+    for key, metric in metrics_of(outputs).items():
+        if metric.flag is None:
+            continue
+        for record in records_of(records, metric.record):
+            if lookup(record, metric.path) is not ABSENT and (flag := metric.flag(record)):
+                out.setdefault(key, {})[str(record["round"])] = flag
+    return out
 
 
 def notice(record: str, generic: Outputs, plugin: str) -> str:
@@ -378,4 +510,4 @@ def notice(record: str, generic: Outputs, plugin: str) -> str:
     keys = ", ".join(generic.metrics)
     return (f"{plugin} records metrics it does not declare ({keys}): they are shown as recorded under "
             f"'{generic.title}'; to give them labels, units and curves, register it with "
-            f"{registry}.register({name}, ..., outputs=Outputs(...)) (fedmech_flwr.outputs)")
+            f"{registry}.register({name}, ..., outputs=Outputs(...)) (fedmech_flwr.api)")

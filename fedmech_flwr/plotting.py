@@ -319,7 +319,9 @@ def plot_label_distribution(
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Redraw every plot of a run folder into ``<run>/plots``; return the files."""
+    """Redraw every plot of a run folder into ``<run>/plots``; return the files, and list
+    which drew which in ``plots/drawn.json`` (``DRAWN_FILE``: ``core``, ``strategy``, each
+    diagnostic by name), where the page finds a plug-in's own plots."""
     from fedmech_flwr.hooks import DIAGNOSTICS
     from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
 
@@ -370,31 +372,39 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                              plots / "sparsity.png", (0.0, 1.0)))
 
     declared = declarations()
+    by: dict[str, list[Path]] = {"core": out}
     diag_records = defaultdict(list)
     for r in records:
         if r["kind"] == "diagnostic":
             diag_records[r["name"]].append(r)
     skipped = []
     for name, recs in diag_records.items():
-        if name not in DIAGNOSTICS:
-            log.warning("no plug-in named %s is registered; its plots are skipped", name)
-            continue
-        drawn, problem = _plugin_plots(DIAGNOSTICS.get(name).factory, recs, plots, class_names)
+        drawn, problem = [], None
+        if name in DIAGNOSTICS:
+            drawn, problem = _plugin_plots(DIAGNOSTICS.get(name).factory, recs, plots, class_names)
+        else:  # a user's diagnostic whose module this process did not import (a reader never does)
+            log.warning("diagnostic %r is not imported here: its declared curves are drawn, its own plots only by "
+                        "`fedmech plot RUN_DIR --plugin MODULE`", name)
         if problem:
             skipped.append({"diagnostic": name, **problem})
             log.warning("the plots of diagnostic %r were not drawn: %s in %s", name, problem["reason"], problem["where"])
         if not drawn and name in declared:
             drawn = declared_curves(name, declared[name], recs, plots)
-        out.extend(drawn)
+        by[name] = list(drawn)
     if "strategy" in declared:
-        out.extend(declared_curves("strategy", declared["strategy"], [r for r in records if r["kind"] == "strategy"],
-                                   plots))
+        by["strategy"] = declared_curves("strategy", declared["strategy"],
+                                         [r for r in records if r["kind"] == "strategy"], plots)
     (plots / SKIPPED_FILE).unlink(missing_ok=True)
     if skipped:
         write_text_atomic(plots / SKIPPED_FILE, json.dumps(skipped, indent=1))
-    return out
+    write_text_atomic(plots / DRAWN_FILE, json.dumps(
+        {source: [Path(p).name for p in paths] for source, paths in by.items() if paths}, indent=1))
+    return [path for paths in by.values() for path in paths]
 
 
+DRAWN_FILE = "drawn.json"
+"""In ``plots/``: the file names of the plots each source drew, keyed ``core``, ``strategy``
+or a diagnostic's name."""
 SKIPPED_FILE = "skipped.json"
 """In ``plots/``: the plug-in plots that were not drawn (which, where it failed, why)."""
 

@@ -25,9 +25,12 @@ that name is found (``install_old_names``): a user's own ``strategies`` always w
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
+import logging
 import sys
 import warnings
 from importlib import metadata
@@ -43,6 +46,8 @@ from fedmech_flwr.registry import loading
 BUILTIN = builtin.__name__
 PLUGIN_PACKAGES = tuple(f"{BUILTIN}.{name}" for name in builtin.PACKAGES)
 """The built-in plug-in packages, by the names they are imported under."""
+log = logging.getLogger(__name__)
+
 ENTRY_POINT_GROUP = "fedmech.plugins"
 MAKE_IMPORTABLE = ("install the package that provides it in this Python environment (in a deployment: on every "
                    "SuperNode too), or add the folder that holds it to PYTHONPATH")
@@ -52,18 +57,25 @@ def load() -> None:
     """Import the built-in packages, then every ``fedmech.plugins`` entry point (idempotent).
 
     A broken entry point is a ConfigError naming it, its distribution and its module."""
-    for package in PLUGIN_PACKAGES:
-        check_builtin(importlib.import_module(package))
+    load_built_in()
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = f"{point.dist.name} {point.dist.version}" if point.dist else "an unknown distribution"
         with loading(f"entry point '{point.name}' of {dist}"):
             try:
                 point.load()
+                check_api_only(importlib.import_module(point.module))
             except ConfigError:  # a name it registers twice: the message names both origins
                 raise
             except Exception as err:
                 raise ConfigError(f"the {ENTRY_POINT_GROUP} entry point '{point.name}' of {dist} cannot load module "
                                   f"'{point.module}': {_why(point.module, err)}; or uninstall {dist}") from err
+
+
+def load_built_in() -> None:
+    """Import the built-in packages alone (idempotent): what a reader of run folders runs,
+    which imports no installed or experiment's plug-in (``run_reader.recorded_outputs``)."""
+    for package in PLUGIN_PACKAGES:
+        check_builtin(importlib.import_module(package))
 
 
 def check_builtin(package: ModuleType) -> None:
@@ -115,8 +127,10 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new_name = f"{BUILTIN}.{module.__name__}"
         new = importlib.import_module(new_name)
         hint = "fedmech_flwr.api" if module.__name__ == "strategies.fedavg" else new_name
-        warnings.warn(f"{module.__name__} is deprecated and goes in the next release: import {hint} instead "
-                      "(a plug-in needs only fedmech_flwr.api)", DeprecationWarning, stacklevel=importer_stacklevel())
+        message = (f"{module.__name__} is deprecated and goes in the next release: import {hint} instead "
+                   "(a plug-in needs only fedmech_flwr.api)")
+        warnings.warn(message, DeprecationWarning, stacklevel=importer_stacklevel())
+        log.warning(message)  # Python hides a DeprecationWarning outside __main__; a log line shows
         module.__dict__.update({k: v for k, v in vars(new).items() if not k.startswith("__")})
         module.__doc__ = new.__doc__
         module.__all__ = getattr(new, "__all__", [k for k in vars(new) if not k.startswith("_")])
@@ -157,11 +171,47 @@ def import_plugin(module: Any, where: str) -> None:
     load()
     with loading(where):
         try:
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
         except ConfigError:  # a name it registers twice: the message names both origins
             raise
         except Exception as err:
             raise ConfigError(f"cannot import plug-in module '{module}': {_why(module, err)}", where) from err
+    check_api_only(imported)
+
+
+_TOLD: set[str] = set()
+"""The plug-in modules ``check_api_only`` has warned about in this process."""
+
+
+def check_api_only(module: ModuleType) -> None:
+    """One warning line, once per process, for a plug-in module whose source imports a core
+    module other than ``fedmech_flwr.api`` (``fedmech_flwr.hooks``, ``.strategy``, ...):
+    those change without notice, the api does not. Logged, since Python's default filters
+    hide a DeprecationWarning raised outside ``__main__``; the source is read, never run."""
+    if module.__name__ in _TOLD or not (internal := internal_imports(module)):
+        return
+    _TOLD.add(module.__name__)
+    log.warning("plug-in %s imports %s: internal modules, which change without notice; import what it needs from "
+                "fedmech_flwr.api instead (its __all__ lists every name a plug-in may use)",
+                module.__name__, ", ".join(internal))
+
+
+def internal_imports(module: ModuleType) -> list[str]:
+    """The ``fedmech_flwr`` modules other than the api that ``module``'s source imports,
+    read from its syntax tree (none where its source cannot be read)."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update([f"{node.module}.{alias.name}" for alias in node.names] if node.module == "fedmech_flwr"
+                         else [node.module])
+    return sorted(n for n in names if n.partition(".")[0] == "fedmech_flwr" and n != "fedmech_flwr.api"
+                  and n != "fedmech_flwr")
 
 
 def _why(module: str, err: Exception) -> str:

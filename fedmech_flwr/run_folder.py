@@ -6,6 +6,9 @@
     <run>/environment.json         versions, git hash, seed, host, device
     <run>/partitions.json          per-client sample counts, label histograms and data source
     <run>/metrics.jsonl            append-only records, one JSON object per line
+    <run>/outputs.json             what the records hold, as the run's plug-ins declared it (labels,
+                                   units, curves, ...) and each flagged value's flag, every round:
+                                   readers show it without importing a plug-in
     <run>/state.safetensors        resume point: the last completed round (every round)
     <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
     <run>/checkpoints/state/round_NNN.safetensors   the rest of round N's resume point (strategy
@@ -15,6 +18,7 @@
     <run>/diagnoses.jsonl          records of diagnostics rerun on saved rounds (``fedmech diagnose``),
                                    named ``NAME@LABEL``; the run itself never writes it
     <run>/plots/*.png              drawn from the files above only (``fedmech plot``)
+    <run>/plots/drawn.json         which plots each plug-in drew (``core``, ``strategy``, a diagnostic's name)
     <run>/status.json              running | completed | failed | interrupted (+ error, resumable, and
                                    the writer: pid, host and process start)
     <run>/run.lock                 the ``fedmech`` process running it (pid, host, start, since), while it runs
@@ -61,7 +65,7 @@ from fedmech_flwr.data import repo_root
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
 from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
-from fedmech_flwr.outputs import record_key
+from fedmech_flwr.outputs import Outputs, outputs_from_plain, outputs_to_plain, record_key
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ ENVIRONMENT_FILE = "environment.json"
 PARTITIONS_FILE = "partitions.json"
 METRICS_FILE = "metrics.jsonl"
 DIAGNOSES_FILE = "diagnoses.jsonl"
+OUTPUTS_FILE = "outputs.json"
 STATUS_FILE = "status.json"
 RESERVE_FILE = ".status-reserve"
 """Space kept for the status while a run is under way: on a full disk it is given up so
@@ -209,6 +214,48 @@ def read_records(run_dir: str | Path, kind: str | None = None, file: str = METRI
         if kind is None or record["kind"] == kind:
             records.append(record)
     return records
+
+
+def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, str]]] | None:
+    """The declarations a run recorded (``RunFolder.write_outputs``), as data
+    (``outputs.outputs_from_plain`` makes them ``Outputs``), and its flags by metric and
+    round; None for a folder from before runs recorded them."""
+    path = Path(run_dir) / OUTPUTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_bytes())
+        declarations, flags = doc["declarations"], doc["flags"]
+        if not isinstance(declarations, dict) or not isinstance(flags, dict):
+            raise TypeError("expected two objects, declarations and flags")
+        outputs_from_plain(declarations, lambda key, record: None)  # refuse what cannot be read, here
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise BadFileError(f"{path} is not the declarations a run records ({type(err).__name__}: {err}); the file "
+                           "was damaged: delete it to read the run with the built-in plug-ins' declarations") from None
+    return declarations, flags
+
+
+def records_end(records: list[dict[str, Any]], config: dict[str, Any]) -> int:
+    """The last round ``r`` such that every round from 0 to ``r`` holds its records: its
+    eval record, and a record of every diagnostic the saved ``config`` (plain, as in
+    config.yaml) makes due in it; -1 when round 0 lacks its eval record. A completed run
+    holds them all (``num_rounds``); a torn or cut metrics.jsonl ends earlier."""
+    evals = {r["round"] for r in records if r["kind"] == "eval"}
+    diagnosed = {(r.get("name"), r["round"]) for r in records if r["kind"] == "diagnostic"}
+    specs = [s for s in config.get("diagnostics") or [] if isinstance(s, dict)]
+    num_rounds = (config.get("federation") or {}).get("num_rounds", 0)
+    for server_round in range(num_rounds + 1):
+        due = [s["name"] for s in specs if server_round > 0 and _due(s, server_round)]
+        if server_round not in evals or any((name, server_round) not in diagnosed for name in due):
+            return server_round - 1
+    return num_rounds
+
+
+def _due(spec: dict[str, Any], server_round: int) -> bool:
+    """``config.DiagnosticSpec.due`` of a diagnostic as config.yaml holds it."""
+    if spec.get("rounds") is not None:
+        return server_round in spec["rounds"]
+    return server_round % (spec.get("every") or 1) == 0
 
 
 def process_start(pid: int) -> int | None:
@@ -416,16 +463,46 @@ class RunFolder:
                 "pass a folder that `fedmech run` created"
             )
         status = read_status(path)
-        if status["status"] == "completed":
+        folder = cls(path)
+        if status["status"] == "completed" and folder.missing_rounds() is None:
             raise RunFolderError(f"{path} holds a completed run: nothing to resume; start a new run instead")
         if writer_alive(status):
             raise RunFolderError(
                 f"{path} is still being written by process {status['pid']} on this host; "
                 "stop that run first (or wait for it), then resume"
             )
-        folder = cls(path)
         folder.reserve()
         return folder
+
+    def missing_rounds(self) -> tuple[int, int] | None:
+        """``(N, M)`` where the records end at round N of the M the config asks for
+        (``records_end``), else None (all there, or no config or records to tell)."""
+        config = yaml.safe_load((self.path / CONFIG_FILE).read_text()) if (self.path / CONFIG_FILE).is_file() else None
+        num_rounds = ((config or {}).get("federation") or {}).get("num_rounds") if isinstance(config, dict) else None
+        if not isinstance(num_rounds, int) or not (self.path / METRICS_FILE).is_file():
+            return None
+        end = records_end(read_records(self.path), config)
+        return (end, num_rounds) if end < num_rounds else None
+
+    def resume_point(self) -> ResumePoint | None:
+        """Where a resume continues: the resume point (``load_state``), unless the records
+        end before it (a torn metrics.jsonl, records lost after the round was committed);
+        then the latest intact numbered checkpoint of a round the records hold, or None
+        (from the start), so that the rounds whose records are missing run again."""
+        point = self.load_state()
+        missing = self.missing_rounds()
+        if point is None or missing is None or point.last_round <= missing[0]:
+            return point
+        end, earlier = missing[0], None
+        for server_round in reversed([r for r in self.checkpoint_rounds() if r <= end]):
+            try:
+                earlier = self.checkpoint_point(server_round)
+                break
+            except BadFileError:
+                continue
+        log.warning("%s: records end at round %d but the resume point is round %d; resuming from %s", self.path,
+                    end, point.last_round, f"the checkpoint of round {earlier.last_round}" if earlier else "the start")
+        return earlier
 
     def write_config(self, plain_config: dict[str, Any]) -> None:
         write_text_atomic(self.path / CONFIG_FILE, yaml.safe_dump(plain_config, sort_keys=False))
@@ -504,6 +581,12 @@ class RunFolder:
         """The aggregate's MetricRecord (the strategy's own per-round figures, e.g.
         ``aggregate_seconds`` or what matched_avg moved)."""
         self.append({"kind": "strategy", "round": server_round, **{record_key(k): v for k, v in metrics.items()}})
+
+    def write_outputs(self, outputs: dict[str, Outputs], flags: dict[str, dict[str, str]]) -> None:
+        """Record the declarations of what the records hold and the flags of their flagged
+        values (``outputs.recorded_flags``), replacing the last."""
+        write_text_atomic(self.path / OUTPUTS_FILE,
+                          json.dumps({"declarations": outputs_to_plain(outputs), "flags": flags}, indent=1))
 
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})

@@ -17,7 +17,9 @@ A run's ``status``:
   that has no status.json yet (starting);
 - ``interrupted``: status.json says so (Ctrl-C, SIGTERM or SIGHUP stopped its ``fedmech``
   process), or says running but its writer is gone from this host; a sweep cell its
-  sweep stopped or whose sweep was killed;
+  sweep stopped or whose sweep was killed; a run status.json calls completed whose
+  records end before its last round ("completed, but records end at round N of M":
+  ``run_folder.records_end``), which ``--resume`` completes;
 - ``pending``: a sweep cell not started yet; ``unknown``: a run folder with a config and
   no status.json (killed or failed at its start); ``never started``: a folder that holds
   the ``run.lock`` of a ``fedmech`` process now gone (and perhaps its logs), nothing of
@@ -34,14 +36,22 @@ import datetime as dt
 import json
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import plugins
-from fedmech_flwr.config import load_plugins
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, brief, shape
-from fedmech_flwr.outputs import records_of
+from fedmech_flwr.outputs import (
+    metrics_of,
+    outputs_from_plain,
+    outputs_to_plain,
+    reading,
+    records_of,
+    registered_outputs,
+)
 from fedmech_flwr.run_folder import (
     CONFIG_FILE,
     ENVIRONMENT_FILE,
@@ -54,15 +64,21 @@ from fedmech_flwr.run_folder import (
     Writer,
     lock_writer,
     read_diagnoses,
+    read_outputs,
     read_records,
     read_status,
+    records_end,
     writer_of,
 )
 from fedmech_flwr.yaml_text import read_yaml_file
 
 NOT_A_FOLDER = ("is neither a run folder (status.json, config.yaml and metrics.jsonl, made by `fedmech run`) nor a "
                 "sweep folder (sweep.json and runs/, made by `fedmech sweep`)")
-SWEEP_KILLED = "its sweep was killed; run the same `fedmech sweep` command again to continue it"
+def sweep_killed(command: str | None) -> str:
+    """A cell's reason when its sweep was killed: how to continue it, with the exact
+    command sweep.json keeps (older sweeps, which lack it: the same command again)."""
+    again = f"`{command}`" if command else "the same `fedmech sweep` command again"
+    return f"its sweep was killed; run {again} to continue it"
 
 
 @dataclass
@@ -90,6 +106,10 @@ class FolderRun:
     commit: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     class_names: list[str] | None = None
+    outputs: tuple[dict[str, Any], dict[str, dict[str, str]]] | None = None
+    """What its records hold, as its plug-ins declared it when it ran, and its flagged
+    values' flags (``run_folder.read_outputs``); None for a folder from before runs
+    recorded them."""
     num_rounds: int | None = None
     eta: float | None = None
     """Seconds left, for a running run whose pace is known."""
@@ -226,9 +246,10 @@ def _folder_state(run: FolderRun, status: dict[str, Any]) -> tuple[str, str | No
     return state, None
 
 
-def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = False) -> None:
+def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = False, command: str | None = None) -> None:
     """Fill ``run`` from its folder: status (``claimed``: what a sweep's manifest says of
-    it, ``sweep_running``: whether its sweep runs), config, records, commit, wall time."""
+    it, ``sweep_running``: whether its sweep runs, ``command``: what continues it), config,
+    records, commit, wall time."""
     path = run.path
     if (path / CONFIG_FILE).is_file():
         run.config = read_yaml_file(path / CONFIG_FILE) or {}
@@ -238,7 +259,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
     run.num_rounds = _num_rounds(run.config, path / CONFIG_FILE)
     sweep_error, run.error = run.error, None
     if claimed == "running" and not sweep_running:
-        claimed, sweep_error = "interrupted", SWEEP_KILLED
+        claimed, sweep_error = "interrupted", sweep_killed(command)
     status = read_status(path)
     if status["status"] == "missing":  # a cell not started, or killed before its run wrote a status
         run.status = claimed if claimed in ("failed", "interrupted", "running") else "pending"
@@ -264,6 +285,12 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         run.records = read_records(path) + read_diagnoses(path)  # the run's own, then fedmech diagnose's
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
+        run.outputs = read_outputs(path)
+    if run.status == "completed" and run.num_rounds is not None and \
+            (end := records_end(run.records, run.config or {})) < run.num_rounds:
+        run.status, run.error = "interrupted", (
+            f"completed, but records end at round {max(end, 0)} of {run.num_rounds} ({METRICS_FILE} lost the rest); "
+            f"`fedmech run --resume {path}` runs the missing rounds again")
     if run.status == "running" and run.num_rounds is not None and run.last_round is not None:
         pace = seconds_per_round([r for r in run.records if r["kind"] == "eval"])
         run.eta = pace * (run.num_rounds - run.last_round) if pace is not None else None
@@ -299,7 +326,8 @@ def _sweep_eta(runs: list[FolderRun], median: float | None, parallel: int | None
 
 def read_sweep(folder: str | Path) -> SweepFolder:
     """A sweep folder: its manifest, its cells as runs (``run_dir`` is relative to the
-    folder; a cell without a run folder is pending, or as its manifest says), whether it
+    folder, and must stay inside it; a cell without a run folder is pending, or as its
+    manifest says), whether it
     runs (its sweep.lock's writer alive here, or on another host) and its ETA."""
     folder = Path(folder)
     path = folder / SWEEP_MANIFEST_FILE
@@ -314,11 +342,15 @@ def read_sweep(folder: str | Path) -> SweepFolder:
     running = writer is not None and writer.state in ("alive", "elsewhere")
     runs = []
     for cell in cells:
+        if not (folder / cell["run_dir"]).resolve().is_relative_to(folder.resolve()):
+            raise BadFileError(f"{path}: cell {brief(cell['name'])} has run_dir {brief(cell['run_dir'])}, which "
+                               "leads out of the sweep folder; a sweep's runs are inside it (runs/CELL): the file "
+                               "was damaged or edited, so it is not read")
         run = FolderRun(cell["name"], folder / cell["run_dir"], seed=cell.get("seed"), config=cell.get("config"),
                         group=cell.get("group", cell["name"]),
                         axes={k: _text(v) for k, v in cell.get("axes", {}).items()},
                         error=cell.get("error"), seconds=cell.get("seconds"))
-        _open(run, cell.get("status"), running)
+        _open(run, cell.get("status"), running, manifest.get("command"))
         runs.append(run)
     sweep = SweepFolder(folder, manifest, runs, writer)
     if running:
@@ -381,16 +413,38 @@ def read_inputs(paths: list[Path]) -> tuple[dict[str, Any] | None, list[FolderRu
     return None, [read_run(p) for p in paths]
 
 
-def import_plugins(runs: list[FolderRun], extra: list[str] = ()) -> list[str]:
-    """Import the built-in and installed plug-ins, the ``extra`` modules (``--plugin``) and
-    every run's recorded ``plugins:``, so that their declared metrics are read; for the
-    runs whose plug-ins cannot be imported here, one line each saying why."""
+@contextmanager
+def recorded_outputs(runs: list[FolderRun], extra: list[str] = ()) -> Iterator[list[str]]:
+    """Inside this block, ``runs`` are shown with the declarations they recorded when they
+    ran (``outputs.reading``): no module a run folder names is imported, since opening
+    someone's results must not run their code. A flagged value's flag is the one its own
+    run recorded (a record is told apart by identity; one read again, as ``fedmech plot``
+    does, by round, of a lone run). A run that recorded none (a folder from before runs
+    did) is shown with the built-in plug-ins' declarations, its own plug-ins' metrics as
+    recorded: one line each such run, which the block yields. ``extra`` (``--plugin``)
+    modules are imported, as their user asks, and their declarations used."""
+    plugins.load_built_in()
     for module in extra:
         plugins.import_plugin(module, f"--plugin {module}")
-    problems = {}
+    registered = registered_outputs(built_in_only=not extra)
+    declared = outputs_to_plain(registered)
     for run in runs:
-        try:
-            load_plugins(run.config, str(run.path / CONFIG_FILE))
-        except ConfigError as err:
-            problems[run.name] = f"{run.name}: {err}"
-    return list(problems.values())
+        declared.update(run.outputs[0] if run.outputs else {})
+    own = {id(record): run.outputs[1] for run in runs if run.outputs for record in run.records}
+    lone = runs[0].outputs[1] if len(runs) == 1 and runs[0].outputs else None
+    rules = metrics_of(registered)
+
+    def flag_of(key: str, record: dict[str, Any]) -> str | None:
+        """The flag its run recorded; for a run that recorded none, the built-in rule's."""
+        flags = own.get(id(record), lone)
+        if flags is not None:
+            return flags.get(key, {}).get(str(record.get("round")))
+        rule = rules[key].flag if key in rules else None
+        return rule(record) if rule else None
+
+    merged = outputs_from_plain(declared, flag_of)
+    old = [f"{run.name} recorded no declarations (a folder from before runs did): its plug-ins' "
+           f"({', '.join(map(str, named))}) metrics are shown as recorded; --plugin MODULE shows them as declared"
+           for run in runs if run.outputs is None and (named := (run.config or {}).get("plugins"))]
+    with reading(merged):
+        yield old

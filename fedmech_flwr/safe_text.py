@@ -53,6 +53,10 @@ class PrintableFormatter(logging.Formatter):
 
 
 def csv_cell(value: Any) -> Any:
-    """A cell a spreadsheet shows as the text it is: a string that begins as a formula
-    gets a leading ``'``; anything else (a number, negative ones too) is left as it is."""
-    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_START) else value
+    """A cell a spreadsheet (or ``cat``) shows as the text it is: a string ``printable``,
+    with a leading ``'`` where it begins as a formula; anything else (a number, negative
+    ones too) is left as it is."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    return f"'{text}" if text.startswith(FORMULA_START) else text

@@ -35,11 +35,11 @@ class TrainConfig:
     """SGD momentum (ignored by Adam)."""
     weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
     """L2 weight decay of the local optimiser."""
-    epochs: int = field(default=1, metadata={"ge": 1})
+    epochs: int = field(default=1, metadata={"ge": 1, "le": 10_000})
     """Local epochs per round."""
-    batch_size: int = field(default=64, metadata={"ge": 1})
+    batch_size: int = field(default=64, metadata={"ge": 1, "le": 1_000_000})
     """Local mini-batch size."""
-    max_samples_per_round: int | None = field(default=None, metadata={"ge": 1})
+    max_samples_per_round: int | None = field(default=None, metadata={"ge": 1, "le": 100_000_000})
     """Train on a seeded random subset of this many local samples per round; null = all."""
 
 

@@ -2,7 +2,9 @@
 
 Supported field types: bool, int, float, str, ``Literal[...]`` (choices), ``X | None``,
 ``list[X]``, ``dict[K, V]`` and nested dataclasses. Ranges live in field metadata
-(``gt``, ``ge``, ``lt``, ``le``); a field whose metadata has ``parse`` (a callable taking
+(``gt``, ``ge``, ``lt``, ``le``); every number must also be one a machine can hold: a
+float finite (``.inf`` and ``.nan`` are typos, never settings), an integer within 64 bits
+(``INT_LIMIT``), in a list or mapping too. A field whose metadata has ``parse`` (a callable taking
 the raw value and its location) is parsed by it. Unknown keys are errors, never silently
 dropped. A field's documentation is the string literal written after it (an attribute
 docstring); ``describe_fields`` reads it back for ``fedmech list``.
@@ -15,6 +17,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import re
 import textwrap
 import types
@@ -25,6 +28,10 @@ from fedmech_flwr.errors import ConfigError, brief
 from fedmech_flwr.registry import did_you_mean
 
 T = TypeVar("T")
+
+INT_LIMIT = 2**63 - 1
+"""The largest integer a config may hold anywhere: torch and NumPy hold integers in 64
+bits, so a larger one fails deep inside them instead of at its key."""
 
 _RANGE_CHECKS = {
     "gt": (lambda v, b: v > b, ">"),
@@ -184,10 +191,31 @@ def _range_text(f: dataclasses.Field) -> str:
 
 
 def _check_range(f: dataclasses.Field, value: Any, where: str) -> None:
+    """One line naming the key, the value and the allowed range when ``value`` falls
+    outside the field's bounds or is not a number a machine holds (``_unholdable``)."""
+    bad = _unholdable(value)
+    if isinstance(bad, float):  # NaN compares false with every bound: say what is wrong with it
+        raise ConfigError(f"{f.name} must be a finite number{_range_text(f)}, got {brief(bad)}", where)
     for key, (ok, symbol) in _RANGE_CHECKS.items():
         if key in f.metadata and value is not None and not ok(value, f.metadata[key]):
             bound = f.metadata[key]
-            raise ConfigError(f"{f.name} must be {symbol} {bound}, got {brief(value)}", where)
+            allowed = _range_text(f).strip()
+            also = f" (allowed: {allowed})" if allowed != f"{symbol} {bound}" else ""
+            raise ConfigError(f"{f.name} must be {symbol} {bound}, got {brief(value)}{also}", where)
+    if bad is not None:
+        raise ConfigError(f"{f.name} must be an integer{_range_text(f)} that fits in 64 bits (magnitude <= "
+                          f"{INT_LIMIT}), got {brief(bad)}", where)
+
+
+def _unholdable(value: Any) -> Any:
+    """The first infinite or NaN float, or integer beyond ``INT_LIMIT``, in ``value`` (a
+    number, or a list or mapping of them); None if there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((bad for item in items if (bad := _unholdable(item)) is not None), None)
 
 
 def _type_name(tp: Any) -> str:

@@ -45,6 +45,28 @@ def test_validate_bad_value_exits_2_with_message(capsys, monkeypatch):
     assert "experiments/smoke.yaml: data.partition.alpha" in err
 
 
+MEASURED_VALIDATE = """
+import resource, sys
+from fedmech_flwr.tools.cli import main
+code = main(sys.argv[1:])
+print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.parametrize("sizes", [["data.dataset.image_size=100000"],
+                                   ["data.dataset.image_size=4096", "data.dataset.num_train=1000000"]])
+def test_validate_of_a_size_no_machine_holds_refuses_in_one_line_allocating_nothing(sizes):
+    """The issue's typo (``image_size: 100000`` took 22 GB, then the kernel's OOM killer)
+    and a size within the bounds but beyond the machine's memory: one line, exit 2, and
+    the process peaks where importing torch does (well under 2 GiB), not at the data."""
+    sets = [arg for size in sizes for arg in ("--set", size)]
+    done = subprocess.run([sys.executable, "-c", MEASURED_VALIDATE, "validate", "experiments/smoke.yaml", *sets],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    code, peak_kib = map(int, done.stdout.split())
+    assert code == EXIT_BAD_INPUT and done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
+    assert peak_kib < 2 * 2**20, f"validate peaked at {peak_kib / 2**20:.1f} GiB"
+
+
 def test_validate_malformed_override_and_missing_file(capsys, tmp_path):
     assert main(["validate", str(REPO / "experiments" / "smoke.yaml"), "--set", "seed"]) == 2
     assert "expected key=value, got 'seed'" in capsys.readouterr().err

@@ -100,6 +100,59 @@ def test_out_of_range(override, message, key):
     assert f"{LOC}{key}" in str(err)
 
 
+@pytest.mark.parametrize(
+    ("override", "message", "key"),
+    [
+        ("federation.num_rounds=99999999999999999999999",
+         "num_rounds must be <= 100000, got 99999999999999999999999 (allowed: >= 1, <= 100000)",
+         "federation.num_rounds"),
+        ("train.lr=.inf", "lr must be a finite number > 0.0, got inf", "train.lr"),
+        ("train.lr=.nan", "lr must be a finite number > 0.0, got nan", "train.lr"),
+        ("data.partition.alpha=.inf", "alpha must be a finite number > 0, got inf", "data.partition.alpha"),
+        ("federation.round_timeout_s=-.inf", "round_timeout_s must be a finite number > 0.0, got -inf",
+         "federation.round_timeout_s"),
+        ("seed=99999999999999999999999", "seed must be an integer that fits in 64 bits", "seed"),
+        ("model.channels=[4, 99999999999999999999999]", "channels must be an integer that fits in 64 bits",
+         "model.channels"),
+        ("data.dataset.image_size=100000", "image_size must be <= 4096, got 100000 (allowed: >= 4, <= 4096)",
+         "data.dataset.image_size"),
+    ],
+)
+def test_nonsense_sizes_and_non_finite_numbers_are_refused_in_one_line(override, message, key, recwarn):
+    """A size, count or rate no machine could run, and .inf/.nan anywhere, are refused at
+    their key in one line, with no NumPy warning before it."""
+    err = config_error(override)
+    assert message in str(err) and str(err).endswith(f"{LOC}{key}") and "\n" not in str(err)
+    assert not recwarn.list
+
+
+def test_memory_beyond_the_machine_is_refused_before_anything_is_allocated(monkeypatch):
+    """The estimate (data, model, replies and batches, on the server and every client
+    process) is checked against the memory available before the model or data exist."""
+    from fedmech_flwr import experiment
+
+    cfg = smoke_config()
+    need, parts = experiment.memory_needed(cfg, experiment.dataset_info("synthetic", cfg.data.dataset.params),
+                                           experiment.new_model(cfg, _Shape(1, 4, 12)))
+    assert 400 * 144 * 4 < need < 2**30 and "the data" in parts
+    monkeypatch.setattr(experiment, "memory_available_gib", lambda: (need - 1) / 2**30)
+    err = config_error()
+    assert err.message.startswith("this experiment needs about") and "MemAvailable" in err.message
+    assert err.where.endswith(f"{LOC}data.dataset")
+    monkeypatch.setattr(experiment, "memory_available_gib", lambda: need / 2**30)
+    assert smoke_config().name == "smoke"
+    monkeypatch.undo()
+    err = config_error("data.dataset.image_size=4096", "data.dataset.num_train=1000000")
+    assert "this experiment needs about" in err.message
+
+
+@dataclasses.dataclass
+class _Shape:
+    in_channels: int
+    num_classes: int
+    image_size: int
+
+
 def test_alpha_message_and_location_exactly():
     err = config_error("data.partition.alpha=-1")
     assert err.message.startswith("alpha must be > 0, got -1")

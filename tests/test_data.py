@@ -30,7 +30,7 @@ from fedmech_flwr.data import (
     read_idx,
     repo_root,
 )
-from fedmech_flwr.errors import BadFileError, DataNotFoundError
+from fedmech_flwr.errors import BadFileError, ConfigError, DataNotFoundError
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
 
 SHARED_CIFAR = repo_root().parent / "shared" / "data" / "cifar10" / "cifar10.npz"
@@ -121,6 +121,20 @@ def test_synthetic_shapes_balance_and_determinism():
     assert torch.equal(a.x_train, again.x_train) and torch.equal(a.y_train, again.y_train)
     other = load_dataset("synthetic", SyntheticConfig(**{**vars(cfg), "seed": 1}))
     assert not torch.equal(a.x_train, other.x_train)
+
+
+def test_synthetic_described_without_images_has_the_labels_the_dataset_has():
+    """``dataset_info`` of the synthetic set reads its labels without making an image, so
+    the checks before a run draw the partitions the run does; for a size no machine holds
+    it answers at once."""
+    cfg = SyntheticConfig(num_train=60, num_test=21, num_classes=3, image_size=8, channels=3, seed=4)
+    info, bundle = dataset_info("synthetic", cfg), load_dataset("synthetic", cfg)
+    assert torch.equal(info.y_train, bundle.y_train)
+    assert (info.num_test, info.num_classes, info.input_shape) == (21, 3, (3, 8, 8))
+    huge = dataset_info("synthetic", SyntheticConfig(num_train=100, image_size=4096))
+    assert huge.input_shape == (1, 4096, 4096) and huge.num_train == 100
+    with pytest.raises(ConfigError, match="would hold 10,737,418,240 values, more than 67,108,864"):
+        dataset_info("synthetic", SyntheticConfig(image_size=4096, channels=1024))
 
 
 def test_synthetic_is_normalised_per_channel():

@@ -54,6 +54,9 @@ def test_a_rerun_with_the_pooled_probe_lands_beside_the_records_and_every_view_s
                                                          ("misalignment@pooled_probe=selected", 2)]
     for mine, theirs in zip(reruns, own):
         assert mine["settings"]["pooled_probe"] == "selected" and mine["settings"]["head_samples"] == 20
+        # its flags, by the diagnostic's rules, travel in the record (this tiny model predicts one class)
+        assert mine["flags"]["global"] == "one class" and mine["flags"]["gaps.probe_pooled"].startswith("one class")
+        assert ("under-powered" in mine["flags"].get("probe_pooled", "")) == mine["probe_pooled"]["under_powered"]
         assert mine["global"] == theirs["global"]  # the same saved model, the same test set
         assert mine["probe"]["accuracy"] == theirs["probe"]["accuracy"]  # and the same seeded audit probe
         assert "simulation-only" in mine["probe_pooled"]["note"]
@@ -64,6 +67,9 @@ def test_a_rerun_with_the_pooled_probe_lands_beside_the_records_and_every_view_s
     assert [r["round"] for r in read_records(run, file=DIAGNOSES_FILE)] == [1, 2]
 
     assert "pooled-data probe [pooled_probe=selected]" in run_status(run)
+    assert "pooled probe − global [pooled_probe=selected] " in run_status(run)
+    assert run_status(run).split("pooled probe − global [pooled_probe=selected] ")[1].split(" | ")[0].endswith(
+        f"⚑ {reruns[-1]['flags']['gaps.probe_pooled']}")
     assert main(["export", str(run), "--out", str(tmp_path / "runs.csv")]) == 0
     with open(tmp_path / "runs.csv") as fh:
         records = {row["record"] for row in csv.DictReader(fh)}

@@ -102,7 +102,7 @@ def test_pandas_reads_it_and_groups_it(sweep_csv):
     assert pd.isna(mean[("dir0.05", "fedprox", "circuits.intra_client")])  # undefined, not 0
 
 
-def test_run_folders_export_without_sweep_columns_and_name_runs_missing_plugins(tmp_path, capsys):
+def test_run_folders_export_without_sweep_columns_and_name_runs_without_declarations(tmp_path, capsys):
     run = write_run(tmp_path / "run", config(0), accuracy=0.5)
     gone = write_run(tmp_path / "gone", {**config(1), "plugins": ["no_such_lab_module"]}, accuracy=0.4)
     out = tmp_path / "runs.csv"
@@ -113,8 +113,8 @@ def test_run_folders_export_without_sweep_columns_and_name_runs_missing_plugins(
     [acc] = pick(rows, run="gone", round=2, metric="eval.accuracy", **{"class": ""})
     assert float(acc["value"]) == 40.0
     captured = capsys.readouterr()
-    problems = [line for line in captured.err.splitlines() if line.startswith("Exported without its plug-ins'")]
-    assert len(problems) == 1 and ": gone: cannot import plug-in module 'no_such_lab_module'" in problems[0]
+    problems = [line for line in captured.err.splitlines() if line.startswith("Exported by key:")]
+    assert len(problems) == 1 and "gone recorded no declarations" in problems[0] and "no_such_lab_module" in problems[0]
     assert captured.out == f"{len(rows)} rows of 2 runs -> {out}\n"
 
 
@@ -175,3 +175,33 @@ def test_a_real_run_exports_its_declared_metrics(tmp_path, capsys):
     assert {r["round"] for r in pick(rows, metric="eval.accuracy", **{"class": ""})} == {"0", "1"}
     [drift] = pick(rows, metric="weight_divergence.mean.update_cosine")  # a diagnostic's declared metric
     assert (drift["record"], drift["round"], drift["unit"], drift["class"]) == ("weight_divergence", "1", "cosine", "")
+
+
+CONTROL_NAMES = ["\x1b]0;retitled\x07", "bell\x07", "two", "three"]
+"""Class names a dataset file may hold that act on a terminal: an OSC title sequence
+(ESC ... BEL) and a bare BEL."""
+
+
+def test_control_characters_in_class_names_are_shown_never_obeyed(tmp_path, capsys):
+    """The same printable filter on every output: the CSV's cells, the report's page and
+    its figures, and the run's own plots (matplotlib warns of a missing glyph for a raw
+    ESC: a warning is an error here)."""
+    import warnings
+
+    from fedmech_flwr.plotting import plot_run
+
+    run = write_run(tmp_path / "run", config(0), accuracy=0.5)
+    partitions = json.loads((run / "partitions.json").read_text())
+    (run / "partitions.json").write_text(json.dumps({**partitions, "class_names": CONTROL_NAMES}))
+    out = tmp_path / "runs.csv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["export", str(run), "--out", str(out)]) == 0
+        assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+        plot_run(run)
+    text = out.read_text(encoding="utf-8")
+    assert "\x1b" not in text and "\x07" not in text
+    assert {r["class"] for r in read(out)[1]} >= {"\\x1b]0;retitled\\x07", "bell\\x07"}
+    for page in (tmp_path / "report").rglob("*.*ml"):
+        assert "\x1b" not in page.read_text(encoding="utf-8") and "\x07" not in page.read_text(encoding="utf-8")
+    assert "\x1b" not in capsys.readouterr().out

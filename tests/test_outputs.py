@@ -78,8 +78,9 @@ def lab_run(path: Path, name: str, seed: int = 0, **strategy) -> Path:
 def test_undeclared_metrics_are_declared_from_the_records_shape(lab, tmp_path):
     records = read_records(lab_run(tmp_path / "run", lab))
     generic = undeclared(records)
-    assert {k: list(o.metrics) for k, o in generic.items()} == {f"{lab}_spread": ["spread", "points"],
+    assert {k: list(o.metrics) for k, o in generic.items()} == {f"{lab}_spread": ["spread", "points", "detail.nested"],
                                                                 "strategy": ["krum_selected"]}
+    assert generic[f"{lab}_spread"].metrics["detail.nested"].path == ("detail", "nested")  # a dictionary, per key
     assert generic["strategy"].title == "strategy: metrics it records without declaring them (as recorded)"
     metrics = declared(records)
     spread = metrics[f"{lab}_spread.spread"]
@@ -94,7 +95,7 @@ def test_undeclared_metrics_are_declared_from_the_records_shape(lab, tmp_path):
 def test_status_shows_them(lab, tmp_path):
     text = run_status(lab_run(tmp_path / "run", lab))
     assert f"  undeclared (as recorded): {lab}_spread.spread 0.500 | {lab}_spread.points 3.000 | " \
-           "strategy.krum_selected 2.000" in text.splitlines()
+           f"{lab}_spread.detail.nested 1.000 | strategy.krum_selected 2.000" in text.splitlines()
 
 
 def test_the_report_and_export_show_them_under_a_generic_heading(lab, tmp_path):
@@ -116,6 +117,9 @@ def test_the_report_and_export_show_them_under_a_generic_heading(lab, tmp_path):
     assert [(r["round"], r["record"], r["label"], r["unit"], r["value"]) for r in spread] == [
         ("1", f"{lab}_spread", "spread", "", "0.35"), ("2", f"{lab}_spread", "spread", "", "0.6")]
     assert {r["value"] for r in rows if r["metric"] == "strategy.krum_selected"} == {"2.0"}
+    nested = [r for r in rows if r["run"] == "run1" and r["metric"] == f"{lab}_spread.detail.nested"]
+    assert [(r["round"], r["label"], r["value"]) for r in nested] == [("1", "detail.nested", "1.0"),
+                                                                      ("2", "detail.nested", "1.0")]
 
 
 def test_tensorboard_shows_them(lab, tmp_path):
@@ -132,6 +136,7 @@ def test_tensorboard_shows_them(lab, tmp_path):
     read.Reload()
     assert [(e.step, e.value) for e in read.Scalars(f"{lab}_spread/spread")] == [(1, 0.25), (2, 0.5)]
     assert [e.value for e in read.Scalars("strategy/krum_selected")] == [2.0, 2.0]
+    assert [e.value for e in read.Scalars(f"{lab}_spread/detail.nested")] == [1.0, 1.0]  # one scalar per key
     assert "eval/accuracy" in read.Tags()["scalars"]
 
 
@@ -146,10 +151,10 @@ def test_a_notice_at_the_first_round_says_how_to_declare_them(lab, tmp_path, cap
     lines = [rec for rec in caplog.records if "does not declare" in rec.getMessage()]
     assert [rec.levelno for rec in lines] == [logging.WARNING, logging.WARNING]  # once each, at round 1
     assert lines[0].getMessage() == (
-        f"DIAGNOSTICS '{lab}_spread' records metrics it does not declare (spread, points): they are shown as "
-        f"recorded under '{lab}_spread: metrics it records without declaring them (as recorded)'; to give them "
+        f"DIAGNOSTICS '{lab}_spread' records metrics it does not declare (spread, points, detail.nested): they are "
+        f"shown as recorded under '{lab}_spread: metrics it records without declaring them (as recorded)'; to give them "
         f"labels, units and curves, register it with DIAGNOSTICS.register('{lab}_spread', ..., "
-        "outputs=Outputs(...)) (fedmech_flwr.outputs)")
+        "outputs=Outputs(...)) (fedmech_flwr.api)")
     assert lines[1].getMessage().startswith(f"STRATEGIES '{lab}_krum' records metrics it does not declare "
                                             "(krum_selected)")
 
@@ -189,3 +194,22 @@ def test_every_record_writes_its_keys_one_way(tmp_path):
     assert read_records(tmp_path) == [
         {"kind": "diagnostic", "round": 1, "name": "d", "seconds": 0.5, "my_key": 1.0, "nested": {"inner-key": 2.0}},
         {"kind": "strategy", "round": 1, "my_key": 3.0}]
+
+
+def test_keys_a_declaring_diagnostic_records_beside_its_declared_ones_are_named_once(caplog):
+    """A diagnostic that declares some outputs and records a per-layer dictionary beside
+    them: the dictionary is shown nowhere, so the run says so once, naming the key."""
+    from types import SimpleNamespace
+
+    from fedmech_flwr.app.run import Run
+    from fedmech_flwr.outputs import unshown
+
+    records = [{"kind": "diagnostic", "round": r, "name": "weight_divergence", "seconds": 0.1,
+                "mean": {"relative_distance": 0.1}, "per_layer_extra": {"conv1": 0.2}} for r in (1, 2)]
+    assert unshown(records) == {"weight_divergence": ["per_layer_extra"]}  # its declared "mean" and "seconds" not
+    run = SimpleNamespace(_noticed=set(), cfg=SimpleNamespace(strategy=SimpleNamespace(name="fedavg")))
+    with caplog.at_level(logging.INFO, logger="fedmech_flwr.app.run"):
+        for record in records:
+            Run._notice_undeclared(run, [record])
+    said = [rec.getMessage() for rec in caplog.records if "without declaring them" in rec.getMessage()]
+    assert len(said) == 1 and "per_layer_extra" in said[0] and "fedmech_flwr.api" in said[0]

@@ -178,3 +178,25 @@ def test_the_old_flower_app_path_imports_with_a_warning_naming_the_new_one(monke
     assert old.WithDiagnostics is flower.WithDiagnostics and old.attach_diagnostics is flower.attach_diagnostics
     assert old.strategy_record is flower.strategy_record  # a helper outside __all__ too
     assert old.__all__ == flower.__all__
+
+
+def test_a_plugin_importing_an_internal_module_gets_one_visible_line_naming_the_api(tmp_path, monkeypatch, caplog):
+    """A plug-in whose source imports core modules other than the api (as `fedmech new`
+    wrote them before) is told once, by a log line that no warning filter hides; one that
+    imports only fedmech_flwr.api is told nothing."""
+    import logging
+
+    (tmp_path / "lab_internal.py").write_text("import fedmech_flwr.hooks\nfrom fedmech_flwr import strategy\n"
+                                              "from fedmech_flwr.api import STRATEGIES\n")
+    (tmp_path / "lab_public.py").write_text("from fedmech_flwr.api import STRATEGIES\nimport fedmech_flwr.api\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.plugins"):
+        for _ in range(2):
+            plugins.import_plugin("lab_internal", "x.yaml: plugins[0]")
+            plugins.import_plugin("lab_public", "x.yaml: plugins[1]")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["plug-in lab_internal imports fedmech_flwr.hooks, fedmech_flwr.strategy: internal modules, which "
+                    "change without notice; import what it needs from fedmech_flwr.api instead (its __all__ lists "
+                    "every name a plug-in may use)"]
+    for name in ("lab_internal", "lab_public"):
+        del sys.modules[name]  # imported here only: gone with its folder

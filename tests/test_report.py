@@ -5,6 +5,7 @@ summary.json, and the page in a real headless browser."""
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import math
 import os
@@ -18,7 +19,8 @@ import yaml
 
 from conftest import CHROMIUM, REPO, browser_page
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import declared
+from fedmech_flwr.outputs import declarations, declared, recorded_flags
+from fedmech_flwr.run_folder import RunFolder, read_records
 from fedmech_flwr.safe_text import CONTROL
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import Stat, format_stat, read_inputs, read_paper_values, write_report
@@ -616,7 +618,10 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
                                      "mean": {"cosine": cosine * r / 3, "clients": 3 if seed else 0}}) + "\n")
                 fh.write(json.dumps({"kind": "strategy", "round": r, f"{name}_selected": 2}) + "\n")
         runs.append(run)
-    gone = write_run(tmp_path / "gone", {**config(2), "plugins": [f"{name}_missing"]})
+    importlib.import_module(name)  # as the runs' ServerApp did: each run records what its plug-ins declare
+    for run in runs:
+        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)))
+    gone = write_run(tmp_path / "gone", {**config(2), "plugins": [f"{name}_missing"]})  # from before runs recorded them
     write_report([*runs, gone], tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     stats = next(g for g in summary["groups"] if g["completed"] == 2)["stats"]
@@ -627,11 +632,15 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
     assert "## Update geometry" in md and "0.60 ± " in md and "⚑ no clients in 1/2 seeds" in md
     assert "## Strategy metrics" in md and "clients Krum selected" in md
     assert f"plots/{name}_geometry_cosine.png" in md  # its declared curve
-    assert "## Plug-ins that could not be imported" in md and f"gone: cannot import plug-in module '{name}_missing'" in md
+    assert "## Runs that recorded no declarations" in md and "gone recorded no declarations" in md
     assert main(["plot", str(runs[0])]) == 0
     assert f"{name}_geometry.png" in capsys.readouterr().out
-    assert main(["plot", str(gone)]) == 1
-    assert "Not drawn: the plots of gone: cannot import plug-in module" in capsys.readouterr().err
+    write_report([runs[0]], tmp_path / "page")  # the run's page: its plug-in's own plot, under its name
+    page = (tmp_path / "page" / "report.md").read_text()
+    assert f"## Plots of {name}_geometry" in page and f"{name}_geometry: {name}_geometry.png" in page
+    assert main(["plot", str(gone)]) == 0
+    assert f"gone recorded no declarations (a folder from before runs did): its plug-ins' ({name}_missing)" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fraction, flagged", [(1.0, True), (0.3, False)])
@@ -739,3 +748,38 @@ def test_the_panels_legend_lists_every_series_before_the_rings(tmp_path, monkeyp
                          flag_label="one class (ringed)")
     [fig] = drawn
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["IID", "α=0.05", "one class (ringed)"]
+
+
+def test_the_published_values_appear_only_beside_groups_they_describe(tmp_path):
+    """The paper's values sit on a page only where a group's config is in a value's
+    `where` (its dataset, partition, strategy): a user's own Krum run under a Dirichlet
+    0.5 skew gets no "Published values" section and none of its footnotes."""
+    paper_run = write_run(tmp_path / "fedavg", config(0))  # CIFAR-10, Dirichlet 0.05, FedAvg: the paper's cells
+    own = write_run(tmp_path / "krum", config(0, strategy={"name": "krum"},
+                                              data__partition={"name": "dirichlet", "alpha": 0.5, "min_samples": 10}))
+    write_report([paper_run], tmp_path / "paper", paper_file=PAPER_VALUES)
+    write_report([own], tmp_path / "own", paper_file=PAPER_VALUES)
+    assert "## Published values" in (tmp_path / "paper" / "report.md").read_text()
+    assert "## Published values" not in (tmp_path / "own" / "report.md").read_text()
+
+
+def test_the_pages_words_are_plain(tmp_path):
+    """No "preset none" for a sweep without one, "1 run" not "1 runs", no 95% interval
+    claimed over a single seed, and "val-selected" said in words."""
+    iou = declared()["circuits.intra_client"]
+    assert format_stat(iou, Stat(None, None, 0, undefined=1, empty=0)) == "undefined in 1 run"
+    root = tmp_path / "sweep"
+    cells = []
+    for partition, label in (({"name": "iid"}, "iid"), ({"name": "dirichlet", "alpha": 0.05, "min_samples": 10},
+                                                         "dir0.05")):
+        cfg = config(0, data__partition=partition)
+        write_run(root / "runs" / f"{label}_s0", cfg)
+        cells.append({"name": f"{label}_s0", "run_dir": f"runs/{label}_s0", "status": "completed", "seed": 0,
+                      "group": label, "axes": {"data.partition": label}, "config": cfg})
+    (root / "sweep.json").write_text(json.dumps({"name": "one-seed", "preset": None, "axes": ["data.partition"],
+                                                 "cells": cells}))
+    write_report([root], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "preset none" not in md and "no preset (the file's own settings)" in md
+    assert "one seed, so no interval" in md and "95% interval over seeds" not in md
+    assert "val-selected: the epoch of a retrained head picked by its accuracy on a validation split" in md

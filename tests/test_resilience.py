@@ -236,6 +236,42 @@ def test_resume_of_a_run_killed_after_its_last_round_only_finishes_it(reference,
     assert_same_run(reference, run)
 
 
+def test_a_completed_run_with_its_last_records_torn_says_so_everywhere_and_resumes_them(reference, tmp_path,
+                                                                                          capsys):
+    """A completed run whose metrics.jsonl lost its last line (round 3's diagnostic record,
+    torn): status, export and report say "completed, but records end at round 2 of 3" and
+    never present round 2 as the final result; ``--resume`` reruns round 3 from the
+    checkpoint of round 2, and the run ends as the uninterrupted one."""
+    run = Path(shutil.copytree(reference, tmp_path / "run"))
+    lines = (run / METRICS_FILE).read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["kind"] == "diagnostic"
+    (run / METRICS_FILE).write_text("".join(lines[:-1]) + lines[-1][:25])
+    said = f"completed, but records end at round 2 of {ROUNDS}"
+    assert main(["status", str(run)]) == EXIT_FAILED and said in capsys.readouterr().out
+    assert main(["export", str(run), "--out", str(tmp_path / "runs.csv")]) == EXIT_OK
+    assert said in capsys.readouterr().err
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == EXIT_OK
+    assert said in (tmp_path / "report" / "index.html").read_text()
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+    assert main(["status", str(run)]) == EXIT_OK and said not in capsys.readouterr().out
+
+
+def test_a_resumed_run_whose_last_committed_rounds_records_were_lost_runs_that_round_again(reference, tmp_path):
+    """Killed in round 3 after committing round 2, with round 2's records lost: the resume
+    does not continue after round 2 (that would complete without them) but from the
+    latest checkpoint the records reach (none here: from the start)."""
+    with pytest.raises(SimulatedCrash):
+        run_in_process(smoke_config(LONG), tmp_path, faulty_app(Fault("crash", 2, 3)))
+    [run] = run_folders(tmp_path)
+    as_killed(run)
+    assert load_arrays(run / STATE_FILE)["round"] == 2
+    kept = [r for r in read_records(run) if r["round"] != 2 or r["kind"] not in ("eval", "diagnostic")]
+    (run / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    assert resume_in_process(run) == run
+    assert_same_run(reference, run)
+
+
 class ServerMomentum(WeightedFedAvg):
     """FedAvg with server momentum (FedAvgM, Hsu et al. 2019): state across rounds,
     saved and restored through the ``Resumable`` hook."""

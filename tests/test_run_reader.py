@@ -10,12 +10,24 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from test_report import group, make_sweep
+from test_report import config, group, make_sweep, write_run
 
-from fedmech_flwr.run_folder import FolderLock, live_holder, writer_alive, writer_gone, writer_of
+from fedmech_flwr.errors import BadFileError
+from fedmech_flwr.outputs import declarations, recorded_flags
+from fedmech_flwr.run_folder import (
+    FolderLock,
+    RunFolder,
+    live_holder,
+    read_outputs,
+    read_records,
+    writer_alive,
+    writer_gone,
+    writer_of,
+)
 from fedmech_flwr.run_reader import read_run, read_sweep
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import write_report
@@ -112,3 +124,47 @@ def test_a_cell_the_manifest_failed_keeps_both_reasons(tmp_path):
     sweep = make_sweep(tmp_path / "sweep")
     cell = read_sweep(sweep).cells["dir_fedavg_s2"]
     assert (cell.status, cell.error) == ("failed", "round 2: test loss is nan (diverged) (sweep: exit 1)")
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded declarations", "folder from before them"])
+def test_every_reader_reads_a_folder_without_running_the_modules_it_names(recorded, tmp_path, monkeypatch, capsys):
+    """A run folder whose config names a module with an import side effect (it writes a
+    file) is read by status, report (the page), export and plot without importing it, with
+    its recorded declarations or, in a folder from before them, the built-ins'; only
+    `fedmech plot --plugin` imports it, and says so."""
+    lab, ran = tmp_path / "lab", tmp_path / "it ran"
+    lab.mkdir()
+    (lab / "side_effect_lab.py").write_text(f"import pathlib\npathlib.Path({str(ran)!r}).write_text('imported')\n")
+    monkeypatch.syspath_prepend(str(lab))
+    run = write_run(tmp_path / "run", {**config(0), "plugins": ["side_effect_lab"]})
+    if recorded:
+        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)))
+    assert main(["status", str(run)]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "page")]) == 0
+    assert main(["export", str(run), "--out", str(tmp_path / "runs.csv")]) == 0
+    assert main(["plot", str(run)]) == 0
+    said = capsys.readouterr()
+    assert not ran.exists() and "side_effect_lab" not in sys.modules
+    assert ("recorded no declarations" in said.err) is not recorded
+    assert "misalignment.gaps.probe" in (tmp_path / "runs.csv").read_text()  # a built-in diagnostic's, as declared
+    assert main(["plot", str(run), "--plugin", "side_effect_lab"]) == 0
+    assert ran.exists() and "importing side_effect_lab to draw its plots (--plugin)" in capsys.readouterr().err
+    del sys.modules["side_effect_lab"]  # imported as asked: another test must import it afresh
+
+
+def test_a_run_records_its_declarations_and_flags(smoke_run):
+    """What a real run records: every declared output, and the flag of each flagged value
+    (the smoke run's round 0 predicts one class)."""
+    declared, flags = read_outputs(smoke_run)
+    assert {"eval", "weight_divergence"} <= set(declared)
+    assert declared["eval"]["metrics"]["accuracy"]["label"] == "global test accuracy"
+    assert declared["eval"]["metrics"]["accuracy"]["flagged"] is True
+    assert flags.get("eval.accuracy", {}).get("0") == "one class"
+
+
+def test_a_sweep_json_whose_run_dir_leads_out_of_its_folder_is_refused(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"name": "s", "cells": [{"name": "a", "run_dir": "../../etc"}]}))
+    with pytest.raises(BadFileError, match="leads out of the sweep folder"):
+        read_sweep(sweep)

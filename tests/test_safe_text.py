@@ -22,8 +22,10 @@ def test_printable_writes_each_control_character_as_its_escape(text, shown):
 
 
 @pytest.mark.parametrize(("value", "cell"), [
-    ("=1+1", "'=1+1"), ("+1", "'+1"), ("-A1", "'-A1"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("\rx", "'\rx"),
+    ("=1+1", "'=1+1"), ("+1", "'+1"), ("-A1", "'-A1"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "\\tx"), ("\rx", "\\rx"),
     ("a=b", "a=b"), ("", ""), (-1.5, -1.5), (3, 3), (None, None),
 ])
 def test_csv_cell_quotes_a_formula_and_leaves_numbers_numbers(value, cell):
+    """A tab or carriage return that would start a formula is written as its escape
+    (``printable``), which no spreadsheet runs."""
     assert csv_cell(value) == cell

@@ -27,10 +27,13 @@ def dead_pid() -> int:
     return gone.pid
 
 
-def write_run(path: Path, status: str = "running", evals: tuple = ((0, 0.0), (1, 10.0), (2, 20.0), (3, 30.0)),
+def write_run(path: Path, status: str = "running", evals: tuple | None = None,
               num_rounds: int = 5, pid: int | None = None, host: str = HOST, one_class: bool = False,
               **extra) -> Path:
-    """A run folder as a run writes it: eval records of ``(round, elapsed_seconds)``."""
+    """A run folder as a run writes it: eval records of ``(round, elapsed_seconds)``, by
+    default 10 s a round up to round 3, or up to the last round of a completed run."""
+    last = num_rounds if status == "completed" else 3
+    evals = evals if evals is not None else tuple((r, 10.0 * r) for r in range(last + 1))
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump({"name": "t", "federation": {"num_rounds": num_rounds}}))
     (path / "status.json").write_text(json.dumps({"status": status, "pid": pid or os.getpid(), "host": host, **extra}))
@@ -219,7 +222,7 @@ def test_a_stopped_sweep_says_how_to_continue_and_a_completed_one_exits_0(tmp_pa
 
 
 def test_watch_redraws_until_the_run_ends_and_ctrl_c_exits_0(tmp_path, capsys, monkeypatch):
-    run = write_run(tmp_path / "run")
+    run = write_run(tmp_path / "run", num_rounds=3)
 
     def finish(seconds: float) -> None:
         assert seconds == 0.5

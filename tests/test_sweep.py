@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -204,6 +205,10 @@ def test_plan_action_per_cell_state(tmp_path):
     partial.mkdir()  # killed before the ServerApp wrote config.yaml
     assert plan_action(fresh, partial, False) == "start"
     assert plan_action({"status": "completed"}, status(tmp_path / "done", "completed"), True) == "skip"
+    torn = status(tmp_path / "torn", "completed")  # its records end at round 1 of 2
+    (torn / "config.yaml").write_text("federation: {num_rounds: 2}")
+    (torn / "metrics.jsonl").write_text('{"kind": "eval", "round": 0}\n{"kind": "eval", "round": 1}\n')
+    assert plan_action({"status": "completed"}, torn, False) == "resume"
     killed = status(tmp_path / "killed", "running")
     as_killed(killed)
     assert plan_action({"status": "running"}, killed, False) == "resume"
@@ -269,3 +274,27 @@ def test_the_progress_line_flags_a_one_class_model(tmp_path, fraction, expected)
                 "probe": {"accuracy": 0.366, "max_predicted_fraction": 0.2}, "gaps": {"probe": 0.266}}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert headline(tmp_path) == expected
+
+
+def test_a_stopped_sweep_names_the_exact_command_that_continues_it(tmp_path, capsys, monkeypatch):
+    """``fedmech sweep FILE --seeds 0`` stopped: its line, sweep.json and ``fedmech status``
+    name the command with --seeds 0 and the folder's --out, so a rerun continues these
+    cells instead of growing the sweep to the file's seeds (``run the same command again``
+    lost the flags)."""
+    import fedmech_flwr.tools.sweep as sweep_module
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "_run_cells", stopped)
+    path = sweep_file(tmp_path, **GRID)
+    out = tmp_path / "out with space"
+    assert main(["sweep", str(path), "--seeds", "0", "--only", "data.partition=iid", "--out", str(out)]) == 130
+    command = shlex.join(["fedmech", "sweep", str(path), "--seeds", "0", "--only", "data.partition=iid",
+                          "--out", str(out)])
+    assert f"continue it with `{command}`" in capsys.readouterr().err
+    folder = out / "g"
+    assert json.loads((folder / "sweep.json").read_text())["command"] == command
+    assert main(["status", str(folder)]) == 1
+    assert f"  continue it: `{command}`" in capsys.readouterr().out
+    assert shlex.split(command)[3:5] == ["--seeds", "0"]  # pasted back, the shell gives the same arguments

@@ -72,7 +72,7 @@ from fedmech_flwr.experiment import (
     new_model,
 )
 from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import duration, headline, notice, undeclared
+from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared, unshown
 from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
 from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
@@ -178,6 +178,10 @@ class Run:
         """The TensorBoard event files (``tensorboard: true``), once the folder exists."""
         self._noticed: set[str] = set()
         """The records whose undeclared metrics this process has said how to declare."""
+        self._declared = declarations()
+        """What the registered plug-ins declare, recorded in the folder (``RunFolder.write_outputs``)."""
+        self._flags: dict[str, dict[str, str]] = {}
+        """The flags of the flagged values recorded so far, by metric and round."""
 
     def execute(self, grid: Grid, initial: NamedArrays, *, train_config: ConfigRecord | None = None,
                 evaluate_config: ConfigRecord | None = None, evaluate_fn: Evaluate | None = None) -> Result:
@@ -202,8 +206,10 @@ class Run:
         if not inputs.resume:
             folder.write_config(inputs.recorded_config)
             folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
+        kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
+        self._flags = recorded_flags(self._declared, kept)
+        folder.write_outputs(self._declared, self._flags)
         if self.cfg.tensorboard:  # a resumed run's rewritten whole, from the records its resume point kept
-            kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
             self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
                                      inputs.class_names, kept)
         roster = self._roster(grid)
@@ -279,11 +285,11 @@ class Run:
         return folder
 
     def _resume_point(self, initial: NamedArrays) -> ResumePoint | None:
-        """The folder's resume point, checked against the model (its arrays in the model's
-        order), with the folder rewound to it; None when the run was killed before its
-        first one."""
+        """The folder's resume point (``RunFolder.resume_point``: none later than its
+        records), checked against the model (its arrays in the model's order), with the
+        folder rewound to it; None when the run was killed before its first one."""
         folder = self.folder
-        point = folder.load_state()
+        point = folder.resume_point()
         if point is not None:
             try:
                 load_model_arrays(self.inputs.build(initial), point.global_arrays)
@@ -366,6 +372,9 @@ class Run:
         if server_round > 0 and (server_round % fed.checkpoint_every == 0 or server_round == fed.num_rounds
                                  or diagnosed):
             folder.checkpoint(server_round, named, state)
+        for key, rounds in recorded_flags(self._declared, folder.recent).items():
+            self._flags.setdefault(key, {}).update(rounds)
+        folder.write_outputs(self._declared, self._flags)
         self.committed = ResumePoint(server_round, named, state)
         folder.save_state(self.committed)
         if self.events:
@@ -441,7 +450,8 @@ class Run:
         """Once per plug-in, at the first round it records metrics it does not declare, one
         line: they are shown as recorded, and how to declare them (``outputs.notice``); a
         warning for a user's plug-in, information for a built-in one (whose undeclared keys
-        are per layer of the model, such as matched_avg's)."""
+        are per layer of the model, such as matched_avg's). Likewise, once, the keys holding
+        numbers that a diagnostic which declares outputs records beside them (``outputs.unshown``)."""
         for record, generic in undeclared(records).items():
             if record in self._noticed:
                 continue
@@ -450,6 +460,15 @@ class Run:
                                     else ("DIAGNOSTICS", DIAGNOSTICS, record))
             built_in = name in registry.names() and registry.get(name).source == BUILT_IN
             log.log(logging.INFO if built_in else logging.WARNING, "%s", notice(record, generic, f"{kind} {name!r}"))
+        for name, keys in unshown(records).items():
+            if f"{name} (unshown)" in self._noticed:
+                continue
+            self._noticed.add(f"{name} (unshown)")
+            built_in = name in DIAGNOSTICS.names() and DIAGNOSTICS.get(name).source == BUILT_IN
+            log.log(logging.INFO if built_in else logging.WARNING,
+                    "DIAGNOSTICS %r records %s without declaring them: they are kept in metrics.jsonl, but no page, "
+                    "CSV or TensorBoard shows them; declare them in its outputs=Outputs(...) (fedmech_flwr.api)",
+                    name, ", ".join(keys))
 
     def _log(self, server_round: int, res: EvalResult, sparsity: float) -> None:
         """The console's round line: the round's declared headline metrics with their

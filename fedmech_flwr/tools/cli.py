@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -50,6 +51,7 @@ from fedmech_flwr.run_folder import (
     STATE_FILE,
     FolderLock,
     RunFolder,
+    read_outputs,
     read_records,
     read_status,
 )
@@ -352,20 +354,25 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Redraw a run's plots with its recorded plug-ins imported; exit 1 when one of them
-    cannot be (its plots are skipped, the rest drawn)."""
+    """Redraw a run's plots from its files and recorded declarations, importing no module
+    its folder names: a diagnostic of the user's own gets its declared curves, its own
+    figures only with ``--plugin MODULE``, which imports it and says so."""
     from fedmech_flwr.plotting import plot_run
-    from fedmech_flwr.run_reader import FolderRun, import_plugins
+    from fedmech_flwr.run_reader import FolderRun, recorded_outputs
 
     run_dir = Path(args.run_dir)
+    for module in args.plugin:
+        print(printable(f"importing {module} to draw its plots (--plugin): its code runs in this process"),
+              file=sys.stderr)
     config = run_dir / CONFIG_FILE  # without one, plot_run says what is wrong
-    runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config))] if config.is_file() else []
-    not_imported = import_plugins(runs, args.plugin)
-    for path in plot_run(args.run_dir):
-        print(printable(str(path)))
-    for problem in not_imported:
-        print(printable(f"Not drawn: the plots of {problem}"), file=sys.stderr)
-    return EXIT_FAILED if not_imported else EXIT_OK
+    runs = [FolderRun(run_dir.name, run_dir, config=read_yaml_file(config), outputs=read_outputs(run_dir))
+            ] if config.is_file() else []
+    with recorded_outputs(runs, args.plugin) as undeclared_runs:
+        for path in plot_run(args.run_dir):
+            print(printable(str(path)))
+    for problem in undeclared_runs:
+        print(printable(problem), file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -377,15 +384,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the tidy table; a run whose plug-ins cannot be imported is named on stderr
-    (its plug-ins' metrics are left out, the rest exported)."""
+    """Write the tidy table; a run whose plug-ins cannot be imported (its plug-ins'
+    metrics are left out, the rest exported), or that did not complete, is named on stderr."""
     from fedmech_flwr.tools.export import check_out, export_rows, write_csv
 
     check_out(args.out)
-    columns, rows, not_imported = export_rows(args.paths, args.plugin)
+    columns, rows, problems = export_rows(args.paths, args.plugin)
     write_csv(columns, rows, args.out)
-    for problem in not_imported:
-        print(printable(f"Exported without its plug-ins' metrics: {problem}"), file=sys.stderr)
+    for problem in problems:
+        print(printable(problem), file=sys.stderr)
     print(printable(f"{len(rows)} rows of {len({row['run'] for row in rows})} runs -> {args.out}"))
     return EXIT_OK
 
@@ -442,12 +449,31 @@ def _only(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def sweep_command(args: argparse.Namespace, folder: Path) -> str:
+    """The exact ``fedmech sweep`` command that continues this sweep, ready to paste: its
+    file and every flag that chose its cells (--preset, --seeds, --only), its folder
+    (--out, whatever FEDMECH_OUT says then) and --parallel. Rerun without them, a sweep
+    of other cells would start (``--seeds 0`` dropped grows the sweep to every seed)."""
+    words = ["fedmech", "sweep", args.sweep]
+    if args.preset:
+        words += ["--preset", args.preset]
+    if args.seeds is not None:
+        words += ["--seeds", ",".join(map(str, args.seeds))]
+    for item in args.only:
+        words += ["--only", item]
+    words += ["--out", str(folder.parent)]
+    if args.parallel != 1:
+        words += ["--parallel", str(args.parallel)]
+    return shlex.join(words)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedmech_flwr.files import check_writable
     from fedmech_flwr.tools.sweep import check_fits, load_sweep, run_sweep
 
     plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
     folder = plan.folder(args.out)
+    command = sweep_command(args, folder)
     if args.dry_run:
         check_fits(plan.cells, args.parallel)
         check_writable(folder)
@@ -458,10 +484,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         with stopped_by_signals():
             outcomes = run_sweep(plan, folder, parallel=args.parallel, retry_failed=args.retry_failed,
-                                 say=lambda line: print(printable(line), flush=True), verbose=args.verbose)
+                                 say=lambda line: print(printable(line), flush=True), verbose=args.verbose,
+                                 command=command)
     except KeyboardInterrupt as stop:
-        print("\n" + printable(f"stopped: every run the sweep started is stopped; run the same command again to "
-                               f"continue ({folder}) | {write_page([folder], folder)}"), file=sys.stderr)
+        print("\n" + printable(f"stopped: every run the sweep started is stopped; continue it with `{command}` "
+                               f"({folder}) | {write_page([folder], folder)}"), file=sys.stderr)
         return exit_code(stop)
     failed = [o for o in outcomes if o.status != "completed"]
     print(printable(f"{len(outcomes) - len(failed)} of {len(outcomes)} cell(s) run now completed; sweep folder "
@@ -559,10 +586,10 @@ HELP = {
     "plot": Help(
         "redraw a run folder's plots from its files",
         "Redraw every plot of a run folder from its records: the global model's, each diagnostic's own, and "
-        "the declared curves of a diagnostic that draws none and of the strategy. The run's recorded "
-        "plugins: are imported first.",
-        ("0  drawn", "1  some plug-in could not be imported: its plots are skipped, the rest drawn",
-         "2  not a run folder"),
+        "the declared curves of a diagnostic that draws none and of the strategy. No module the run folder "
+        "names is imported: a diagnostic of your own gets its declared curves (as the run recorded them), its "
+        "own figures only with --plugin MODULE, which imports it and says so.",
+        ("0  drawn", "2  not a run folder"),
         ("fedmech plot ~/fedmech-runs/smoke-20261205-101500",
          "fedmech plot RUN_DIR --plugin my_lab.geometry")),
     "status": Help(
@@ -604,10 +631,10 @@ HELP = {
         "Write one long table: a row per run x round x declared metric (and per class where the metric has "
         "per-class values), with the run, its sweep and axis labels, seed and status, the metric's label and "
         "unit, the value as the report shows it (percent, percentage points; empty when undefined, never 0) "
-        "and its validity flag. Each run's recorded plugins: are imported first; runs with records are "
-        "exported whatever their status.",
-        ("0  written (a run whose plug-ins cannot be imported is named on stderr: its plug-ins' metrics are "
-         "left out)", "2  not a run or sweep folder, a damaged file, or an --out that is not a .csv in an "
+        "and its validity flag, as each run recorded its plug-ins' declarations (no module a folder names is "
+        "imported); runs with records are exported whatever their status.",
+        ("0  written (a run that did not complete, or recorded no declarations, is named on stderr)",
+         "2  not a run or sweep folder, a damaged file, or an --out that is not a .csv in an "
          "existing folder"),
         ("fedmech export ~/fedmech-runs/misalign-v2-cpu --out misalign.csv",
          "fedmech export RUN_A RUN_B --out runs.csv --plugin my_lab.geometry")),
@@ -697,7 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add_command(sub, "plot", cmd_plot)
     p.add_argument("run_dir")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="also import this plug-in module (repeatable); the run's own plugins: are imported anyway")
+                   help="import this plug-in module (repeatable) to draw its own plots; nothing is imported "
+                        "without it")
     p = _add_command(sub, "status", cmd_status)
     p.add_argument("path", metavar="RUN_OR_SWEEP", help="a run folder or a sweep folder")
     p.add_argument("--watch", action="store_true", help="redraw until it no longer runs (or Ctrl-C)")
@@ -711,7 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_rounds, default=[], metavar="R,R",
                    help="also show every metric at these comma-separated rounds, beside the final one (e.g. 3,10)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
+                   help="import this plug-in module (repeatable) and show its metrics as it declares them, for "
+                        "folders from before runs recorded their declarations; nothing is imported without it")
     p = _add_command(sub, "diagnose", cmd_diagnose)
     p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
     p.add_argument("--diagnostic", required=True, metavar="NAME", help="the registered diagnostic to rerun")
@@ -726,7 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR | RUN_DIR", help="a sweep folder, or run folders")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.csv", help="the CSV file to write")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="also import this plug-in module (repeatable); each run's own plugins: are imported anyway")
+                   help="import this plug-in module (repeatable) and show its metrics as it declares them, for "
+                        "folders from before runs recorded their declarations; nothing is imported without it")
     plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
     for name in COMMANDS.names():
         command = COMMANDS.get(name).factory

@@ -8,8 +8,10 @@ diagnostic asks for them pooled), loads each chosen round's model, runs the diag
 server side on it, and writes the records to ``diagnoses.jsonl`` under the name
 ``NAME@LABEL`` (its arrays under ``diagnostics/NAME@LABEL/``). The run's own files are never
 touched; every view (``status``, ``report``, ``export``) reads both and shows the rerun
-beside the original, its labels suffixed ``[LABEL]``. Running it again with the same
-label replaces those rounds' records.
+beside the original, its labels suffixed ``[LABEL]``, its flags as the records carry them
+(computed here with the diagnostic's rules, so no reader runs one). Running it again with
+the same label replaces those rounds' records. Unlike the readers, it imports the plug-ins
+the run's config names (it reruns their code), and says so.
 
 What it cannot rerun: a diagnostic's client side (the clients' own data and models are not
 in the folder), so a diagnostic that needs the clients' round trip is refused; a strategy
@@ -30,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr.arrays import load_arrays, model_arrays, save_arrays
-from fedmech_flwr.config import apply_overrides
+from fedmech_flwr.config import apply_overrides, plugin_registries
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.experiment import model_builder, new_model, parse_experiment
 from fedmech_flwr.hooks import RoundState
-from fedmech_flwr.outputs import record_key
+from fedmech_flwr.outputs import RERUN_FLAGS, record_key, rerun_flags
 from fedmech_flwr.run_folder import (
     CHECKPOINT_DIR,
     CHECKPOINT_STATE_DIR,
@@ -83,6 +85,9 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
         raise ConfigError(f"{run_dir / CHECKPOINT_DIR} holds no model of round(s) {missing}; it has rounds {have} "
                           "(a run keeps every round a diagnostic ran in, and every federation.checkpoint_every)",
                           "--rounds")
+    if raw.get("plugins"):
+        log.warning("%s: importing the run's plug-ins %s to rerun %s: their code runs in this process",
+                    run_dir, ", ".join(map(str, raw["plugins"])), name)
     entry = {k: v for k, v in (own[0] if own else {"name": name}).items() if k not in ("every", "rounds")}
     entry = apply_overrides({**entry, "rounds": sorted(rounds)}, settings)
     cfg = parse_experiment({**raw, "diagnostics": [entry]}, f"{run_dir / CONFIG_FILE} with {name} {settings}")
@@ -98,6 +103,7 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
     build = model_builder(cfg, server.bundle, device)
     strategy = new_strategy(cfg, server, model_arrays(new_model(cfg, server.bundle, device)), build)
     recorded = f"{name}@{label}"
+    outputs = plugin_registries()["diagnostic"].get(name).outputs
     records = []
     for server_round in sorted(rounds):
         arrays = load_arrays(run_dir / CHECKPOINT_DIR / round_file(server_round))
@@ -114,9 +120,12 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
         result = diagnostic.server_side(state)
         if result.arrays:
             save_arrays(run_dir / DIAGNOSTICS_DIR / recorded / round_file(server_round), result.arrays)
-        records.append({"kind": "diagnostic", "round": server_round, "name": recorded,
-                        "seconds": time.perf_counter() - start, "settings": spec.to_plain(),
-                        **{record_key(k): v for k, v in result.metrics.items()}})
+        record = {"kind": "diagnostic", "round": server_round, "name": recorded,
+                  "seconds": time.perf_counter() - start, "settings": spec.to_plain(),
+                  **{record_key(k): v for k, v in result.metrics.items()}}
+        if outputs is not None:  # readers show the flags without running a rule
+            record[RERUN_FLAGS] = rerun_flags(outputs, record)
+        records.append(record)
     with _locked(run_dir):
         kept = [r for r in read_diagnoses(run_dir) if not (r["name"] == recorded and r["round"] in rounds)]
         ordered = sorted(kept + records, key=lambda r: (r["name"], r["round"]))

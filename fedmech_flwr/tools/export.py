@@ -25,7 +25,7 @@ from typing import Any
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_atomic
 from fedmech_flwr.outputs import Metric, declared, latest, per_class_values
-from fedmech_flwr.run_reader import FolderRun, import_plugins, read_inputs
+from fedmech_flwr.run_reader import FolderRun, read_inputs, recorded_outputs
 from fedmech_flwr.safe_text import csv_cell
 
 COLUMNS = ["seed", "status", "round", "record", "metric", "label", "unit", "class", "value", "flag"]
@@ -70,18 +70,24 @@ def run_rows(run: FolderRun, head: dict[str, Any], metrics: dict[str, Metric]) -
 
 
 def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[str], list[dict[str, Any]], list[str]]:
-    """The columns and rows of a sweep folder or run folders, with one line per run whose
-    recorded plug-ins cannot be imported here (their metrics are left out)."""
+    """The columns and rows of a sweep folder or run folders, as their runs recorded their
+    declarations (no module a folder names is imported: ``run_reader.recorded_outputs``),
+    with one line per run from before runs recorded them (its plug-ins' metrics exported
+    by key), and one per run with records that did not complete (what its ``status``
+    column says, and why)."""
     manifest, runs = read_inputs([Path(p).expanduser().resolve() for p in paths])
-    not_imported = import_plugins(runs, extra_plugins)
+    with recorded_outputs(runs, extra_plugins) as undeclared_runs:
+        metrics = declared([record for run in runs for record in run.records])  # what plug-ins left undeclared too
+    problems = [f"Exported by key: {line}" for line in undeclared_runs]
+    problems += [f"Exported, but {run.name} is {run.status}" + (f": {run.note}" if run.note else "")
+                 for run in runs if run.records and run.status != "completed"]
     axes = list(manifest.get("axes") or dict.fromkeys(a for r in runs for a in r.axes)) if manifest else []
-    metrics = declared([record for run in runs for record in run.records])  # what plug-ins left undeclared too
     rows = []
     for run in runs:
         head = {"run": run.name, "sweep": manifest.get("name", "") if manifest else "",
                 **{axis: run.axes.get(axis, "") for axis in axes}}
         rows += run_rows(run, head, metrics)
-    return ["run", "sweep", *axes, *COLUMNS], rows, not_imported
+    return ["run", "sweep", *axes, *COLUMNS], rows, problems
 
 
 def write_csv(columns: list[str], rows: list[dict[str, Any]], path: Path) -> Path:

@@ -14,15 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr import outputs
-from fedmech_flwr.config import load_plugins
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import CONFIG_FILE
 from fedmech_flwr.run_reader import (  # noqa: F401 (seconds_per_round: the pace behind its ETAs)
     FolderRun,
     SweepFolder,
     read_folder,
     read_run,
     read_sweep,
+    recorded_outputs,
     seconds_per_round,
 )
 from fedmech_flwr.safe_text import printable
@@ -53,13 +51,12 @@ def run_text(path: Path, run: FolderRun) -> str:
     path = path.resolve()
     lines = [f"run {path.name}: {_phrase(run)}", f"  {_progress(run)}"]
     if run.last_round is not None:
-        try:  # the run's own plug-ins declare their metrics
-            load_plugins(run.config, str(path / CONFIG_FILE))
-        except ConfigError as err:
-            lines.append(f"  its plug-ins' metrics are left out: {err}")
-        shown = outputs.headline([r for r in run.records if r["round"] == run.last_round])
+        with recorded_outputs([run]) as undeclared_runs:  # what its plug-ins declared, none of them imported
+            shown = outputs.headline([r for r in run.records if r["round"] == run.last_round])
+            generic = undeclared_text(run.records, run.last_round)
+        lines += [f"  {line}" for line in undeclared_runs]
         lines.append(f"  round {run.last_round}: {' | '.join(shown) or 'no headline metrics'}")
-        if generic := undeclared_text(run.records, run.last_round):
+        if generic:
             lines.append(f"  {generic}")
     if run.status == "interrupted" or run.status == "failed" and run.resumable:
         lines.append(f"  continue it: fedmech run --resume {path}")
@@ -102,8 +99,11 @@ def sweep_text(folder: Path, sweep: SweepFolder) -> str:
             lines.append(f"  {name}: {_phrase(cell)}")
     if sweep.state in ("failed", "interrupted"):
         retry = "; --retry-failed reruns its failed cells" if sweep.count("failed") else ""
-        lines.append(f"  continue it: run the same `fedmech sweep` command again (sweep folder {folder.resolve()}"
-                     f"{retry})")
+        if command := sweep.manifest.get("command"):
+            lines.append(f"  continue it: `{command}`{retry}")
+        else:  # a sweep.json from before the command was kept
+            lines.append(f"  continue it: run the same `fedmech sweep` command again (sweep folder "
+                         f"{folder.resolve()}{retry})")
     return "\n".join(map(printable, lines))
 
 

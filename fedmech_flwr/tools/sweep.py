@@ -71,6 +71,7 @@ from fedmech_flwr.run_folder import (
     SWEEP_LOCK_FILE,
     SWEEP_MANIFEST_FILE,
     FolderLock,
+    RunFolder,
     memory_available_gib,
     read_records,
     read_status,
@@ -378,7 +379,7 @@ class Manifest:
     """``sweep.json``: the cells this folder was asked to run and what became of them.
     Rewritten atomically on every change (worker threads share it)."""
 
-    def __init__(self, folder: Path, plan: Plan, parallel: int = 1) -> None:
+    def __init__(self, folder: Path, plan: Plan, parallel: int = 1, command: str | None = None) -> None:
         self.path = folder / MANIFEST_FILE
         self.lock = threading.Lock()
         old = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": []}
@@ -398,7 +399,7 @@ class Manifest:
                 }
         self.header = {"file": str(plan.file), "base": str(plan.base), "name": plan.name, "preset": plan.preset,
                        "doc": plan.doc, "seeds": plan.seeds, "axes": [a.name for a in plan.axes],
-                       "parallel": parallel}
+                       "parallel": parallel, "command": command}
         self.save()
 
     def update(self, name: str, **fields: Any) -> None:
@@ -425,10 +426,11 @@ def _folder_status(run_dir: Path) -> dict[str, Any] | None:
 
 
 def plan_action(entry: dict[str, Any], run_dir: Path, retry_failed: bool) -> str:
-    """What to do with a cell: ``skip`` (completed), ``start``, ``resume`` (killed or
-    interrupted, or failed with ``retry_failed``) or ``failed`` (report, do not run)."""
+    """What to do with a cell: ``skip`` (completed, every round's records there), ``start``,
+    ``resume`` (killed or interrupted, completed with rounds' records missing, or failed
+    with ``retry_failed``) or ``failed`` (report, do not run)."""
     status = _folder_status(run_dir)
-    if status and status["status"] == "completed":
+    if status and status["status"] == "completed" and RunFolder(run_dir).missing_rounds() is None:
         return "skip"
     if entry["status"] == "failed" and not retry_failed:
         return "failed"
@@ -448,15 +450,17 @@ def headline(run_dir: Path) -> str:
 
 
 def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool = False,
-              say: Callable[[str], None] = log.info, verbose: bool = False) -> list[Outcome]:
+              say: Callable[[str], None] = log.info, verbose: bool = False,
+              command: str = "the same `fedmech sweep` command") -> list[Outcome]:
     """Run the plan's cells that are not done yet, ``parallel`` at a time; ``say`` gets one
     line per finished cell; each cell's log gets its console lines (``verbose``: Flower's
     whole log). Ctrl-C or SIGTERM stops every run the sweep started (the cells
-    are resumed next time) and re-raises."""
+    are resumed next time) and re-raises. ``command`` continues the sweep (``cli.sweep_command``):
+    kept in sweep.json, where ``fedmech status`` reads it."""
     local = [c.config for c in plan.cells if c.config.simulation.ray_address is None]
     num_cpus = private_ray_cpus(clients_cpus(local), check_fits(plan.cells, parallel))
-    with FolderLock(folder / SWEEP_LOCK_FILE, "run the same command again"):
-        manifest = Manifest(folder, plan, parallel)
+    with FolderLock(folder / SWEEP_LOCK_FILE, f"run `{command}` again"):
+        manifest = Manifest(folder, plan, parallel, command)
         actions = {c.name: plan_action(manifest.cells[c.name], folder / RUNS_DIR / c.name, retry_failed)
                    for c in plan.cells}
         counts = {a: sum(v == a for v in actions.values()) for a in ("skip", "start", "resume", "failed")}
@@ -467,11 +471,12 @@ def run_sweep(plan: Plan, folder: Path, *, parallel: int = 1, retry_failed: bool
             if actions[cell.name] == "failed":
                 say(f"  failed before: {cell.name}: {manifest.cells[cell.name]['error']}")
         todo = [c for c in plan.cells if actions[c.name] in ("start", "resume")]
-        return _run_cells(todo, actions, plan, folder, manifest, parallel, num_cpus, say, verbose)
+        return _run_cells(todo, actions, plan, folder, manifest, parallel, num_cpus, say, verbose, command)
 
 
 def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Path, manifest: Manifest,
-               parallel: int, num_cpus: int, say: Callable[[str], None], verbose: bool) -> list[Outcome]:
+               parallel: int, num_cpus: int, say: Callable[[str], None], verbose: bool,
+               command: str) -> list[Outcome]:
     stopping = threading.Event()
     warm = WarmSimulations(num_cpus)  # each worker thread runs its cells on one SuperLink and Ray
     (folder / LOGS_DIR).mkdir(exist_ok=True)
@@ -489,7 +494,7 @@ def _run_cells(todo: list[Cell], actions: dict[str, str], plan: Plan, folder: Pa
         manifest.update(cell.name, status="running", error=None)
         start = time.monotonic()
         with open(folder / LOGS_DIR / f"{cell.name}.log", "a") as stream, \
-                FolderLock(run_dir / LOCK_FILE, "run the same command again"):
+                FolderLock(run_dir / LOCK_FILE, f"run `{command}` again"):
             simulation = warm.get(cell.config.simulation.ray_address)
             result = simulation.run(run_config, cell.config.federation.num_clients, cell.config.simulation,
                                     stream=stream, verbose=verbose)

@@ -36,18 +36,18 @@ from pathlib import Path
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.outputs import declarations, metrics_of
-from fedmech_flwr.run_reader import FolderRun, import_plugins, read_inputs
+from fedmech_flwr.run_reader import FolderRun, read_inputs, recorded_outputs
 from fedmech_flwr.safe_text import printable
 from fedmech_flwr.tools.published import read_paper_values
 from fedmech_flwr.tools.report.comparisons import Comparison, compare
 from fedmech_flwr.tools.report.figures import plot_curves, plot_headline, plot_per_class
 from fedmech_flwr.tools.report.render import Image, Section, Table, to_html, to_markdown
-from fedmech_flwr.tools.report.sections import build_sections
+from fedmech_flwr.tools.report.sections import build_sections, plugin_plots
 from fedmech_flwr.tools.report.statistics import Group, Stat, format_stat, group_stat, make_groups
 from fedmech_flwr.tools.report.summary import skew_verdict, summary
 
 __all__ = ["INDEX_FILE", "MARKDOWN_FILE", "PLOTS_DIR", "SUMMARY_FILE", "Comparison", "FolderRun", "Group", "Image",
-           "Section", "Stat", "Table", "format_stat", "import_plugins", "plot_headline", "read_inputs",
+           "Section", "Stat", "Table", "format_stat", "plot_headline", "read_inputs",
            "read_paper_values", "write_report"]
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,15 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     manifest, runs = read_inputs(paths)
     if not runs:
         raise ConfigError(f"no runs to report on in {', '.join(map(str, paths))}", "fedmech report")
-    not_imported = import_plugins(runs, extra_plugins)
-    for problem in not_imported:
-        log.warning("%s; its plug-ins' metrics are left out of the report", printable(problem))
+    with recorded_outputs(runs, extra_plugins) as undeclared_runs:
+        for problem in undeclared_runs:
+            log.warning("%s", printable(problem))
+        return _write(manifest, runs, undeclared_runs, out_dir, paper_file, confidence, rounds, paths)
+
+
+def _write(manifest: dict | None, runs: list[FolderRun], undeclared_runs: list[str], out_dir: Path,
+           paper_file: str | Path | None, confidence: float, rounds: list[int], paths: list[Path]) -> Path:
+    """``write_report`` once the runs are read, inside the declarations they recorded."""
     groups = make_groups(manifest, runs)
     outputs = declarations([record for run in runs for record in run.records])  # undeclared metrics too
     metrics = metrics_of(outputs)
@@ -91,7 +97,8 @@ def write_report(paths: list[str | Path], out_dir: str | Path, paper_file: str |
     images = plot_curves(groups, plots) + plot_per_class(groups, plots)
     verdict_lines = skew_verdict(groups)
     title, sections = build_sections(manifest, groups, comparisons, unmatched, paper, headline, images, paths,
-                                     not_imported, [line.strip() for line in verdict_lines], outputs)
+                                     undeclared_runs, [line.strip() for line in verdict_lines], outputs,
+                                     plugin_plots(runs, plots))
     write_text_atomic(out_dir / MARKDOWN_FILE, to_markdown(title, sections, out_dir))
     write_text_atomic(out_dir / SUMMARY_FILE, json.dumps(
         summary(manifest, groups, comparisons, unmatched, paper, confidence, metrics) | {"verdict": verdict_lines},

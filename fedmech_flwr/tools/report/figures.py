@@ -180,9 +180,11 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     label = f"published ({paper.paper}), {protocol}" if paper else "published"
     path = level_plot(drawn, "label skew", "test accuracy (%)", plots / "headline.png", _wrap(label, 34), "dense control",
                       ylim=(0.0, 100.0))
+    seeds = {run.seed for group in groups for run in group.completed}
+    spread = ("one seed, so no interval" if len(seeds) == 1 else
+              "mean and 95% interval over seeds (n in the tables below)")
     drawn_keys = [k for k in keys if any(k in g.stats for g in measured)]
-    caption = (f"{', '.join(metrics[k].label for k in drawn_keys)} accuracy against label skew: mean and 95% "
-               "interval over seeds (n in the tables below)")
+    caption = f"{', '.join(metrics[k].label for k in drawn_keys)} accuracy against label skew: {spread}"
     if any(control for p in drawn for _, control in p.series):
         caption += "; hollow squares and dashed lines: the dense control"
     if any(point[3] for p in drawn for points in p.series.values() for point in points):

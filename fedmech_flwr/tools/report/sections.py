@@ -5,7 +5,9 @@ strategy leaderboard, the plots and where every run came from."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ import numpy as np
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, Outputs, declarations, declared, metrics_of
-from fedmech_flwr.plotting import skipped_plots
+from fedmech_flwr.plotting import DRAWN_FILE, skipped_plots
+from fedmech_flwr.run_folder import PLOTS_DIR
+from fedmech_flwr.run_reader import FolderRun
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.render import Image, Section, Table
@@ -269,8 +273,10 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
              f"Seeds: {', '.join(sorted({str(r.seed) for r in runs}))}",
              "Commits: " + (", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items())) or "unknown")]
     if manifest is not None:
-        items[:0] = [f"Sweep: {manifest.get('name')} ({manifest.get('file')}), "
-                     f"preset {manifest.get('preset') or 'none'}, axes {', '.join(manifest.get('axes', [])) or 'none'}"]
+        preset = f"preset {manifest['preset']}" if manifest.get("preset") else "no preset (the file's own settings)"
+        axes = ", ".join(manifest.get("axes", []))
+        items[:0] = [f"Sweep: {manifest.get('name')} ({manifest.get('file')}), {preset}, "
+                     + (f"axes {axes}" if axes else "no axes (one group, its seeds)")]
     items.append("Inputs: " + ", ".join(str(p) for p in paths))
     table = Table(["run", "group", "seed", "status", "error, or where it runs", "wall time", "commit"],
                   [[r.name, g.label, str(r.seed), r.status, r.note or "", _wall_time(r.seconds), r.commit or "–"]
@@ -280,8 +286,9 @@ def _provenance(manifest: dict[str, Any] | None, groups: list[Group], varying: l
 
 def build_sections(manifest: dict[str, Any] | None, groups: list[Group], comparisons: list[Comparison],
                    unmatched: list[PaperValue], paper: PaperValues | None, headline: list[tuple[Path, str]],
-                   images: list[tuple[Path, str]], paths: list[Path], not_imported: list[str],
-                   verdict_lines: list[str], outputs: dict[str, Outputs] | None = None) -> tuple[str, list[Section]]:
+                   images: list[tuple[Path, str]], paths: list[Path], undeclared_runs: list[str],
+                   verdict_lines: list[str], outputs: dict[str, Outputs] | None = None,
+                   plugin_sections: list[Section] = ()) -> tuple[str, list[Section]]:
     """The report's title and sections, shared by the HTML page and the Markdown file: the
     claim's figure and the verdict first, then the protocol it was measured at, the groups,
     the runs that did not complete (first where none did: a failed or interrupted run's
@@ -290,7 +297,8 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
     runs = [r for g in groups for r in g.runs]
     done = sum(r.status == "completed" for r in runs)
     if manifest:
-        title = f"fedmech report: sweep {manifest.get('name')}, preset {manifest.get('preset') or 'none'}"
+        preset = manifest.get("preset")
+        title = f"fedmech report: sweep {manifest.get('name')}" + (f", preset {preset}" if preset else "")
         title += f" ({len(runs) - done} of {len(runs)} runs not completed)" if done < len(runs) else ""
     elif len(runs) == 1:
         title = f"fedmech run {runs[0].name}: {runs[0].status}"
@@ -305,14 +313,20 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
              "metric's validity rule flags is marked ⚑ with the number of seeds (e.g. one class: the model "
              f"predicts one class for more than {DEGENERATE_FRACTION:.0%} of the test images, so its accuracy is "
              "chance); it never satisfies a published bound."]
+    labels = [m.label for m in metrics_of(declarations() if outputs is None else outputs).values()]
+    if any("(val-selected)" in label for label in labels):
+        intro.append("val-selected: the epoch of a retrained head picked by its accuracy on a validation split of the "
+                     "server's audit set, never on the test set; test-selected picks it on the test set, an upper "
+                     "bound that no deployment could reach.")
     left_out = [f"{r.name} (group {g.label}, seed {r.seed}): {r.status}" + (f": {r.note}" if r.note else "")
                 for g in groups for r in g.runs if r.status != "completed"]
     not_in = Section("Runs not in the statistics", [left_out])
     sections = [not_in] if left_out and not done else []  # a failed or interrupted run's page says so first
-    if not_imported:
-        sections.append(Section("Plug-ins that could not be imported", [
-            "These runs list plug-ins under `plugins:` that this Python environment cannot import, so the metrics "
-            "those plug-ins declare are left out below: install them, or pass `--plugin MODULE`.", not_imported]))
+    if undeclared_runs:
+        sections.append(Section("Runs that recorded no declarations", [
+            "These runs list plug-ins under `plugins:` and come from before runs recorded what their plug-ins "
+            "declare; a report never imports a run's modules, so their metrics are shown as recorded, by key: "
+            "pass `--plugin MODULE` to import them and show them as declared.", undeclared_runs]))
     if not_drawn := [f"{r.name}: the plots of diagnostic {s['diagnostic']}, {s['reason']} (in {s['where']})"
                      for r in runs for s in skipped_plots(r.path)]:
         sections.append(Section("Plots not drawn", [
@@ -326,7 +340,7 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
     if left_out and done:
         sections.append(not_in)
     sections += _metric_tables(groups, declarations() if outputs is None else outputs)
-    if paper:
+    if paper and comparisons:  # only beside groups whose runs a published value describes (its where)
         sections.append(_paper_section(comparisons, unmatched, paper))
     if board := _leaderboard(groups, varying):
         sections.append(board)
@@ -335,5 +349,29 @@ def build_sections(manifest: dict[str, Any] | None, groups: list[Group], compari
                                           "the 95% CI (t) per round, or min–max where fewer than two runs; red "
                                           "rings mark rounds where a seed's value is flagged."]
                                 + [Image(path, caption) for path, caption in images]))
+    sections += plugin_sections
     sections.append(_provenance(manifest, groups, varying, paths))
     return title, sections
+
+
+def plugin_plots(runs: list[FolderRun], plots: Path) -> list[Section]:
+    """A section per diagnostic, under its name, holding the plots it drew of the first
+    completed run that has them (``plots/drawn.json``; on a run's own page, its plots),
+    copied into the report's ``plots`` folder: a plug-in's own figures are shown wherever
+    its run is."""
+    shown: dict[str, tuple[FolderRun, list[Path]]] = {}
+    for run in runs:
+        drawn = run.path / PLOTS_DIR / DRAWN_FILE
+        if run.status != "completed" or not drawn.is_file():
+            continue
+        for source, files in json.loads(drawn.read_text()).items():
+            found = [run.path / PLOTS_DIR / Path(name).name for name in files]
+            if source not in ("core", "strategy") and (found := [p for p in found if p.is_file()]):
+                shown.setdefault(source, (run, found))
+    sections = []
+    for source, (run, found) in shown.items():
+        plots.mkdir(parents=True, exist_ok=True)
+        copies = [shutil.copyfile(path, plots / f"{source}-{path.name}") for path in found]
+        sections.append(Section(f"Plots of {source}", [f"As diagnostic {source} drew them for run {run.name}."]
+                                + [Image(Path(copy), f"{source}: {path.name}") for copy, path in zip(copies, found)]))
+    return sections

@@ -186,7 +186,8 @@ def format_stat(metric: Metric, stat: Stat | None) -> str:
         return "–"
     empty = f", {stat.empty} empty" if stat.empty is not None else ""
     if stat.mean is None:
-        text = f"undefined ({stat.empty} empty)" if stat.empty else f"undefined in {stat.undefined} runs"
+        runs = f"{stat.undefined} run{'s' if stat.undefined != 1 else ''}"
+        text = f"undefined ({stat.empty} empty)" if stat.empty else f"undefined in {runs}"
         return text + (f" ⚑ {stat.flag_text}" if stat.flag_text else "")
     unit = " pp" if metric.unit == "pp" else ""
     text = number_text(metric, stat.mean, signed=metric.unit == "pp")
