@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedmech_flwr.errors import RunFolderError
-from fedmech_flwr.safe_text import CONTROL, printable
+from fedmech_flwr.safe_text import CONTROL, printable_lines
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,14 +49,14 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Save a matplotlib figure (format from the suffix, 120 dpi), atomically, every text
-    on it ``printable``: a class name or label holding ESC or BEL draws as ``\\x1b``, not
-    as a missing glyph."""
+    on it ``printable_lines``: a class name or label holding ESC or BEL draws as
+    ``\\x1b``, not as a missing glyph, and a label's own line breaks stay line breaks."""
     _printable_texts(fig)
     return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120))
 
 
 def _printable_texts(fig: Figure) -> None:
-    """Every title, label, legend entry and tick label of ``fig`` made ``printable``; tick
+    """Every title, label, legend entry and tick label of ``fig`` made ``printable_lines``; tick
     labels given as text are redrawn from their formatter, so it is mended too."""
     from matplotlib.text import Text
     from matplotlib.ticker import FixedFormatter, FuncFormatter
@@ -65,12 +65,12 @@ def _printable_texts(fig: Figure) -> None:
         for axis in (ax.xaxis, ax.yaxis):
             for formatter in (axis.get_major_formatter(), axis.get_minor_formatter()):
                 if isinstance(formatter, FixedFormatter):
-                    formatter.seq = [printable(str(label)) for label in formatter.seq]
+                    formatter.seq = [printable_lines(str(label)) for label in formatter.seq]
                 elif isinstance(formatter, FuncFormatter):
-                    formatter.func = lambda x, pos=None, label=formatter.func: printable(str(label(x, pos)))
+                    formatter.func = lambda x, pos=None, label=formatter.func: printable_lines(str(label(x, pos)))
     for text in fig.findobj(Text):
-        if CONTROL.search(text.get_text()):
-            text.set_text(printable(text.get_text()))
+        if CONTROL.search(text.get_text().replace("\n", "")):
+            text.set_text(printable_lines(text.get_text()))
 
 
 def check_writable(folder: Path) -> None:

@@ -29,3 +29,23 @@ def test_csv_cell_quotes_a_formula_and_leaves_numbers_numbers(value, cell):
     """A tab or carriage return that would start a formula is written as its escape
     (``printable``), which no spreadsheet runs."""
     assert csv_cell(value) == cell
+
+
+def test_a_figures_text_is_made_printable_but_keeps_its_own_line_breaks(tmp_path):
+    """A label's ESC is drawn as its escape; a legend entry wrapped on purpose stays on
+    two lines (not a literal backslash-n)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedmech_flwr.files import save_figure
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], label="published, at\nanother protocol")
+    ax.set_title("class \x1b]0;x\x07")
+    legend = ax.legend()
+    save_figure(fig, tmp_path / "f.png")
+    assert legend.get_texts()[0].get_text() == "published, at\nanother protocol"
+    assert ax.get_title() == "class \\x1b]0;x\\x07"
+    plt.close(fig)
