@@ -409,16 +409,13 @@ def _fit(f_train, y_train, f_val, y_val, f_test, y_test, n: int, cfg: LinearTrai
     if standardise:
         mean, std = f_train.mean(0), f_train.std(0)
         std = torch.where(std > 1e-6, std, torch.ones_like(std))  # constant features stay put
+        norm = lambda f: (f - mean) / std  # noqa: E731
     else:
-        mean, std = torch.zeros(f_train.shape[1]), torch.ones(f_train.shape[1])
-    norm = lambda f: (f - mean) / std  # noqa: E731
-    if f_val is None:
-        layer = torch.nn.Linear(f_train.shape[1], n)
-        generator = torch.Generator().manual_seed(seed)
-        torch.nn.init.kaiming_uniform_(layer.weight, a=5 ** 0.5, generator=generator)
-        bound = 1 / f_train.shape[1] ** 0.5
-        torch.nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
-        start = LinearHead(layer.weight.detach(), layer.bias.detach())
+        norm = lambda f: f  # noqa: E731  (raw features: no copy of tens of thousands of rows)
+    if f_val is None:  # PyTorch's default nn.Linear initialisation, from the seed, not the process's generator
+        generator, bound = torch.Generator().manual_seed(seed), 1 / f_train.shape[1] ** 0.5
+        weight = torch.nn.init.kaiming_uniform_(torch.empty(n, f_train.shape[1]), a=5 ** 0.5, generator=generator)
+        start = LinearHead(weight, torch.nn.init.uniform_(torch.empty(n), -bound, bound, generator=generator))
     else:
         start = LinearHead(torch.zeros(n, f_train.shape[1]), torch.zeros(n))
     snapshots = train_linear(norm(f_train), y_train, start, cfg, torch.Generator().manual_seed(seed))[1:]

@@ -75,20 +75,20 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
         raise ConfigError(f"expected a label of letters, digits and . _ , = + - (at most 80), got {label!r}", "--as")
     folder = RunFolder(run_dir)
     raw = read_yaml_file(run_dir / CONFIG_FILE)
-    own = [d for d in raw.get("diagnostics") or [] if d.get("name") == name]
+    if raw.get("plugins"):
+        log.warning("%s: importing the run's plug-ins %s to rerun %s: their code runs in this process",
+                    run_dir, ", ".join(map(str, raw["plugins"])), name)
+    own = [spec for spec in parse_experiment(raw, str(run_dir / CONFIG_FILE)).diagnostics if spec.name == name]
     saved = folder.checkpoint_models()
     if rounds is None:
-        rounds = [r for r in saved if own and _due(own[0], r)] or saved
+        rounds = [r for r in saved if own and own[0].due(r)] or saved
     missing = [r for r in rounds if r not in saved]
     if missing:
         have = ", ".join(map(str, saved)) or "none"
         raise ConfigError(f"{run_dir / CHECKPOINT_DIR} holds no model of round(s) {missing}; it has rounds {have} "
                           "(a run keeps every round a diagnostic ran in, and every federation.checkpoint_every)",
                           "--rounds")
-    if raw.get("plugins"):
-        log.warning("%s: importing the run's plug-ins %s to rerun %s: their code runs in this process",
-                    run_dir, ", ".join(map(str, raw["plugins"])), name)
-    entry = {k: v for k, v in (own[0] if own else {"name": name}).items() if k not in ("every", "rounds")}
+    entry = {k: v for k, v in (own[0].to_plain() if own else {"name": name}).items() if k not in ("every", "rounds")}
     entry = apply_overrides({**entry, "rounds": sorted(rounds)}, settings)
     cfg = parse_experiment({**raw, "diagnostics": [entry]}, f"{run_dir / CONFIG_FILE} with {name} {settings}")
     spec = cfg.diagnostics[0]
@@ -131,13 +131,6 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
         ordered = sorted(kept + records, key=lambda r: (r["name"], r["round"]))
         write_text_atomic(run_dir / DIAGNOSES_FILE, "".join(json.dumps(r) + "\n" for r in ordered))
     return records
-
-
-def _due(entry: dict[str, Any], server_round: int) -> bool:
-    """Whether a recorded diagnostic entry ran in ``server_round``."""
-    if entry.get("rounds") is not None:
-        return server_round in entry["rounds"]
-    return server_round % int(entry.get("every", 1)) == 0
 
 
 @contextmanager

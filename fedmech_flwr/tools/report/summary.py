@@ -38,8 +38,9 @@ def skew_pairs(groups: list[Group]) -> list[tuple[Group, Group]]:
 def _measured(*groups: Group) -> list[str]:
     """The ``by_skew`` keys every one of ``groups`` measured, the model's own accuracy first;
     empty unless that and at least one readout were (the pooled-data probe is optional)."""
-    keys = [k for k in _skew_keys() if all(k in g.stats for g in groups)]
-    return keys if len(keys) > 1 and keys[0] == _skew_keys()[0] else []
+    declared_keys = _skew_keys()
+    keys = [k for k in declared_keys if all(k in g.stats for g in groups)]
+    return keys if len(keys) > 1 and keys[0] == declared_keys[0] else []
 
 
 def _level(stat: Stat, unit: str) -> str:
