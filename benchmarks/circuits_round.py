@@ -18,17 +18,14 @@ client, but for the server's share).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import tempfile
+import sys
 from pathlib import Path
 
-import torch
-
-from fedmech_flwr import plugins
-from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import read_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from round_run import run_benchmark  # noqa: E402  (a sibling script, also when loaded by path)
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("local discovery", "global discovery", "iou", "checks", "ablations")
@@ -65,16 +62,8 @@ def print_table(rows: list[dict[str, float]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("experiment", nargs="?", default=str(REPO / "benchmarks" / "circuits_round.yaml"))
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[])
-    args = parser.parse_args(argv)
-    plugins.load()
-    cfg = load_experiment(args.experiment, [f"federation.num_rounds={args.rounds}", *args.set])
-    torch.set_num_threads(cfg.simulation.cpus_per_client)
-    with tempfile.TemporaryDirectory() as out:
-        print_table(round_parts(run_in_process(cfg, out)))
+    run_benchmark(__doc__.split("\n")[0], REPO / "benchmarks" / "circuits_round.yaml",
+                  lambda run_dir: print_table(round_parts(run_dir)), argv)
 
 
 if __name__ == "__main__":
