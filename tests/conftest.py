@@ -25,9 +25,11 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedmech_flwr import plugins
-from fedmech_flwr.arrays import NamedArrays, load_arrays, to_record
+from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, to_record
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.heads import balanced_split
+from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 from fedmech_flwr.tools.launch import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
@@ -351,6 +353,23 @@ def small_cnn():
     from fedmech_flwr.models import build_model
 
     return build_model("simple_cnn", {"channels": [8, 16]}, in_channels=1, num_classes=4, image_size=8)
+
+
+def audit_round_state(global_arrays: NamedArrays, clients: dict[int, NamedArrays], data,
+                      per_class: int = 40) -> RoundState:
+    """Round 2's ``RoundState`` over ``small_cnn`` models: the global model, each client's
+    model (10 examples each), the test set and a balanced audit set of ``per_class`` images
+    a class from ``data``'s training split (the fixtures' 4 classes)."""
+    audit, _ = balanced_split(data.y_train, per_class, 4, torch.Generator().manual_seed(0))
+
+    def build(arrays: NamedArrays):
+        model = small_cnn()
+        load_model_arrays(model, arrays)
+        return model.eval()
+
+    updates = {pid: ClientUpdate(pid, arrays, 10, {}) for pid, arrays in clients.items()}
+    datasets = {"test": (data.x_test, data.y_test), "audit": (data.x_train[audit], data.y_train[audit])}
+    return RoundState(2, global_arrays, global_arrays, updates, datasets, 4, build, torch.device("cpu"), 0)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import small_cnn
+from conftest import audit_round_state
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.arrays import model_arrays
 from fedmech_flwr.builtin.diagnostics.neural_collapse import (
     METRICS,
     NeuralCollapse,
@@ -23,8 +23,7 @@ from fedmech_flwr.builtin.diagnostics.neural_collapse import (
 from fedmech_flwr.builtin.strategies.fedetf import simplex_etf
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import LinearHead, balanced_split
-from fedmech_flwr.hooks import ClientUpdate, RoundState
+from fedmech_flwr.heads import LinearHead
 from fedmech_flwr.run_folder import read_records
 
 
@@ -94,25 +93,12 @@ def test_features_at_one_point_have_no_class_means_to_measure():
         collapse(torch.ones(8, 3), torch.zeros(8, dtype=torch.long), head(np.eye(4, 3)), 4)
 
 
-def round_state(global_arrays: NamedArrays, clients: dict[int, NamedArrays], data) -> RoundState:
-    audit, _ = balanced_split(data.y_train, 40, 4, torch.Generator().manual_seed(0))
-
-    def build(arrays: NamedArrays):
-        model = small_cnn()
-        load_model_arrays(model, arrays)
-        return model.eval()
-
-    updates = {pid: ClientUpdate(pid, arrays, 10, {}) for pid, arrays in clients.items()}
-    datasets = {"test": (data.x_test, data.y_test), "audit": (data.x_train[audit], data.y_train[audit])}
-    return RoundState(2, global_arrays, global_arrays, updates, datasets, 4, build, torch.device("cpu"), 0)
-
-
 def test_the_diagnostic_measures_the_global_model_and_its_clients(separable_cnn):
     model, data = separable_cnn
     arrays = model_arrays(model)
     rolled = {**arrays, "head.weight": np.roll(arrays["head.weight"], 1, axis=0),
               "head.bias": np.roll(arrays["head.bias"], 1, axis=0)}
-    state = round_state(arrays, {0: arrays, 3: rolled}, data)
+    state = audit_round_state(arrays, {0: arrays, 3: rolled}, data)
     assert "clients" not in NeuralCollapse(NeuralCollapseConfig()).server_side(state).metrics
     record = NeuralCollapse(NeuralCollapseConfig(clients=True)).server_side(state).metrics
     assert record["images"] == 160 and set(record["clients"]) == {"0", "3"}

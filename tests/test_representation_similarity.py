@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import small_cnn
+from conftest import audit_round_state
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.arrays import NamedArrays, model_arrays
 from fedmech_flwr.builtin.diagnostics.representation_similarity import (
     RepresentationSimilarity,
     RepresentationSimilarityConfig,
@@ -25,8 +25,6 @@ from fedmech_flwr.builtin.diagnostics.representation_similarity import (
 )
 from fedmech_flwr.data import DataInfo
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import balanced_split
-from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.outputs import headline
 from fedmech_flwr.run_folder import read_records
 
@@ -101,19 +99,6 @@ def test_the_debiased_estimator_is_unbiased_where_the_biased_one_is_not():
     assert cka(x, y, "debiased") == pytest.approx(cka(x, y, "biased"), abs=0.01)
 
 
-def round_state(global_arrays: NamedArrays, clients: dict[int, NamedArrays], data, per_class: int = 40) -> RoundState:
-    audit, _ = balanced_split(data.y_train, per_class, NUM_CLASSES, torch.Generator().manual_seed(0))
-
-    def build(arrays: NamedArrays):
-        model = small_cnn()
-        load_model_arrays(model, arrays)
-        return model.eval()
-
-    updates = {pid: ClientUpdate(pid, arrays, 10, {}) for pid, arrays in clients.items()}
-    datasets = {"test": (data.x_test, data.y_test), "audit": (data.x_train[audit], data.y_train[audit])}
-    return RoundState(2, global_arrays, global_arrays, updates, datasets, NUM_CLASSES, build, torch.device("cpu"), 0)
-
-
 def with_head(arrays: NamedArrays, seed: int) -> NamedArrays:
     """``arrays`` with a random head: the same body, logits that differ."""
     rng = np.random.default_rng(seed)
@@ -123,7 +108,7 @@ def with_head(arrays: NamedArrays, seed: int) -> NamedArrays:
 def test_models_that_differ_only_in_their_head_are_alike_everywhere_but_the_head(separable_cnn):
     model, data = separable_cnn
     arrays = model_arrays(model)
-    state = round_state(arrays, {0: arrays, 1: with_head(arrays, 1), 2: with_head(arrays, 2)}, data)
+    state = audit_round_state(arrays, {0: arrays, 1: with_head(arrays, 1), 2: with_head(arrays, 2)}, data)
     result = RepresentationSimilarity(RepresentationSimilarityConfig(images_per_class=25)).server_side(state)
     record = result.metrics
     assert record["layers"] == ["conv1", "conv2", "penultimate", "head"] and record["images"] == 100
@@ -143,7 +128,7 @@ def test_models_that_differ_only_in_their_head_are_alike_everywhere_but_the_head
 def test_one_client_has_no_client_pairs_and_a_chosen_layer_list(separable_cnn):
     model, data = separable_cnn
     arrays = model_arrays(model)
-    state = round_state(arrays, {4: with_head(arrays, 1)}, data)
+    state = audit_round_state(arrays, {4: with_head(arrays, 1)}, data)
     params = RepresentationSimilarityConfig(layers=["head", "conv2"], matrix_layer="conv2", estimator="biased")
     record = RepresentationSimilarity(params).server_side(state).metrics
     assert record["layers"] == ["conv2", "head"] and record["estimator"] == "biased" and record["images"] == 160
@@ -158,7 +143,7 @@ def test_a_model_whose_layers_are_constant_has_no_cka_and_is_counted(separable_c
     dead = {**arrays, "conv1.weight": np.zeros_like(arrays["conv1.weight"]),
             "conv1.bias": np.zeros_like(arrays["conv1.bias"])}  # every image gives the same activations
     record = RepresentationSimilarity(RepresentationSimilarityConfig()).server_side(
-        round_state(arrays, {0: arrays, 1: dead}, data)).metrics
+        audit_round_state(arrays, {0: arrays, 1: dead}, data)).metrics
     json.dumps(record, allow_nan=False)  # undefined values are null, not NaN
     assert all(v is None for v in record["client_client"].values()) and record["least_similar"]["layer"] is None
     assert record["client_global"] == pytest.approx({layer: 1.0 for layer in record["layers"]})
