@@ -9,6 +9,7 @@ the closest.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import inspect
 import sys
@@ -77,6 +78,21 @@ class Entry(Generic[F]):
         doc = inspect.getdoc(self.factory) if self.factory.__doc__ else None
         doc = doc or inspect.getdoc(sys.modules.get(self.module)) or ""
         return " ".join(doc.split("\n\n")[0].split())
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The parameters' default values (those that have one), as plain data: what a
+        report compares a run's parameters with to name only those set otherwise."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self.config_cls) if dataclasses.is_dataclass(self.config_cls) else ():
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                continue
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
 
     @property
     def origin(self) -> str:

@@ -7,8 +7,9 @@
     <run>/partitions.json          per-client sample counts, label histograms and data source
     <run>/metrics.jsonl            append-only records, one JSON object per line
     <run>/outputs.json             what the records hold, as the run's plug-ins declared it (labels,
-                                   units, curves, ...) and each flagged value's flag, every round:
-                                   readers show it without importing a plug-in
+                                   units, curves, ...), each flagged value's flag, every round,
+                                   and the strategy's parameter defaults: readers show it
+                                   without importing a plug-in
     <run>/state.safetensors        resume point: the last completed round (every round)
     <run>/checkpoints/round_NNN.safetensors   global model after round N (every N rounds)
     <run>/checkpoints/state/round_NNN.safetensors   the rest of round N's resume point (strategy
@@ -233,6 +234,17 @@ def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[st
         raise BadFileError(f"{path} is not the declarations a run records ({type(err).__name__}: {err}); the file "
                            "was damaged: delete it to read the run with the built-in plug-ins' declarations") from None
     return declarations, flags
+
+
+def read_strategy_defaults(run_dir: str | Path) -> dict[str, Any] | None:
+    """The strategy's parameter defaults a run recorded beside its declarations; None for
+    a folder from before runs recorded them, or whose file is unreadable (``read_outputs``
+    says why)."""
+    try:
+        defaults = json.loads((Path(run_dir) / OUTPUTS_FILE).read_bytes()).get("strategy_defaults")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return defaults if isinstance(defaults, dict) else None
 
 
 def records_end(records: list[dict[str, Any]], config: dict[str, Any]) -> int:
@@ -582,11 +594,15 @@ class RunFolder:
         ``aggregate_seconds`` or what matched_avg moved)."""
         self.append({"kind": "strategy", "round": server_round, **{record_key(k): v for k, v in metrics.items()}})
 
-    def write_outputs(self, outputs: dict[str, Outputs], flags: dict[str, dict[str, str]]) -> None:
-        """Record the declarations of what the records hold and the flags of their flagged
-        values (``outputs.recorded_flags``), replacing the last."""
-        write_text_atomic(self.path / OUTPUTS_FILE,
-                          json.dumps({"declarations": outputs_to_plain(outputs), "flags": flags}, indent=1))
+    def write_outputs(self, outputs: dict[str, Outputs], flags: dict[str, dict[str, str]],
+                      strategy_defaults: dict[str, Any]) -> None:
+        """Record the declarations of what the records hold, the flags of their flagged
+        values (``outputs.recorded_flags``) and the strategy's parameter defaults (which a
+        report compares the parameters with, without importing the strategy), replacing
+        the last."""
+        write_text_atomic(self.path / OUTPUTS_FILE, json.dumps(
+            {"declarations": outputs_to_plain(outputs), "flags": flags, "strategy_defaults": strategy_defaults},
+            indent=1, default=str))
 
     def eval(self, server_round: int, metrics: dict[str, Any]) -> None:
         self.append({"kind": "eval", "round": server_round, **metrics})

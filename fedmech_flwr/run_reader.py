@@ -65,6 +65,7 @@ from fedmech_flwr.run_folder import (
     lock_writer,
     read_diagnoses,
     read_outputs,
+    read_strategy_defaults,
     read_records,
     read_status,
     records_end,
@@ -110,6 +111,8 @@ class FolderRun:
     """What its records hold, as its plug-ins declared it when it ran, and its flagged
     values' flags (``run_folder.read_outputs``); None for a folder from before runs
     recorded them."""
+    strategy_defaults: dict[str, Any] | None = None
+    """Its strategy's parameter defaults as it recorded them (``run_folder.read_strategy_defaults``)."""
     num_rounds: int | None = None
     eta: float | None = None
     """Seconds left, for a running run whose pace is known."""
@@ -286,6 +289,7 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
         run.outputs = read_outputs(path)
+        run.strategy_defaults = read_strategy_defaults(path)
     if run.status == "completed" and run.num_rounds is not None and \
             (end := records_end(run.records, run.config or {})) < run.num_rounds:
         run.status, run.error = "interrupted", (

@@ -231,6 +231,34 @@ def fenced_blocks(text: str) -> list[tuple[str, str, int, str]]:
     return out
 
 
+SHOWN_VARIES = re.compile(r"(?<![\w.])(?:\d+h)?(?:\d+m)?\d+(?:\.\d+)?s\b|\d{8}-\d{6}|\.\.\./")
+"""What an example output may show differently from a rerun: durations and ETAs (``1.2s``,
+``2m12s``), a run folder's time stamp (``20261205-101500``) and a path's start (``.../``)."""
+
+
+def shown_output(shown: str) -> re.Pattern:
+    """The pattern of an example output as a page shows it: its lines in order, each whole,
+    exact but for ``SHOWN_VARIES``; a line ``...`` stands for any number of lines."""
+    parts = []
+    for line in shown.rstrip("\n").split("\n"):
+        if line == "...":
+            parts.append(r"(?:[^\n]*\n)*?")
+            continue
+        pattern, end = "", 0
+        for match in SHOWN_VARIES.finditer(line):
+            pattern += re.escape(line[end:match.start()])
+            token = match.group(0)
+            pattern += r"\S*/" if token == ".../" else r"\d{8}-\d{6}" if "-" in token else r"(?:\d+h)?(?:\d+m)?\d+(?:\.\d+)?s"
+            end = match.end()
+        parts.append(pattern + re.escape(line[end:]) + r"\n")
+    return re.compile("^" + "".join(parts), re.MULTILINE)
+
+
+def shows(shown: str, printed: str) -> bool:
+    """Whether ``printed`` holds the example output ``shown`` (see ``shown_output``)."""
+    return bool(shown_output(shown).search(printed if printed.endswith("\n") else printed + "\n"))
+
+
 def without_measured(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not MEASURED.search(k)} for r in records]
 

@@ -1,9 +1,10 @@
 """End to end through real ``flwr run`` (SuperLink, Ray): the path users take.
 
-Each run costs about 30-40 s on 2 cores (Ray start-up), so there are three: one that must
-complete, one that must be reported as failed although ``flwr run`` itself exits 0, and
-one killed with SIGKILL after round 1 then resumed, which must end as the completed one did;
-and bad input, refused before Flower starts.
+Each run costs about 30-40 s on 2 cores (Ray start-up), so there are few: one that must
+complete, one that must be reported as failed although ``flwr run`` itself exits 0, ones
+killed mid-run then resumed, which must end as the completed one did, and the first-run
+tutorial's run, which must print what the page shows; and bad input, refused before
+Flower starts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_gone, assert_same_run, launch_processes_of, lost_bytes, once_per_session
+from conftest import assert_gone, assert_same_run, fenced_blocks, launch_processes_of, lost_bytes, once_per_session, shows
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
 
@@ -82,6 +83,23 @@ def test_flwr_run_completes_and_writes_the_run_folder(completed):
     assert "Starting Flower Simulation" in (run_dir / "logs" / "flwr_run.log").read_text()
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["packages"]["flwr"].startswith("1.42")
+
+
+def test_the_first_run_page_shows_what_its_run_prints(tmp_path):
+    """docs/tutorials/first-run.md's example output is what its ``fedmech run`` prints today,
+    run as written from a folder that looks like the repository's root (the round lines'
+    numbers exactly: a seeded run is reproducible; durations and the folder's time stamp
+    may differ)."""
+    found = fenced_blocks((REPO / "docs" / "tutorials" / "first-run.md").read_text())
+    [i] = [i for i, (language, _, _, previous) in enumerate(found) if language == "text" and
+           previous == "<!-- test: output -->"]
+    language, command, _, _ = found[i - 1]
+    assert language == "bash" and command == ".venv/bin/fedmech run experiments/smoke.yaml --out runs\n", command
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")
+    done = subprocess.run([sys.executable, "-m", "fedmech_flwr.tools.cli", *command.split()[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert shows(found[i][1], done.stdout), f"the page shows:\n{found[i][1]}--- the run printed ---\n{done.stdout}"
 
 
 def test_a_failed_run_is_reported_as_failed(tmp_path):

@@ -320,6 +320,21 @@ def test_a_leaderboard_row_names_the_parameters_that_tell_its_strategy_apart(tmp
                       "| fedprox(examples, proximal_mu=0.1) + proximal"]
 
 
+@pytest.mark.parametrize(("trim", "recorded", "label"), [
+    (1, {"trim": 1}, "| labtrim + plain"),  # the default it recorded: nothing to name
+    (2, {"trim": 1}, "| labtrim(trim=2) + plain"),
+    (1, None, "| labtrim(trim=1) + plain"),  # a folder that recorded no defaults: every parameter
+])
+def test_a_plugin_strategys_row_names_what_differs_from_the_defaults_its_runs_recorded(tmp_path, trim, recorded, label):
+    """The page never imports the plug-in: the defaults come from the run folder."""
+    run = write_run(tmp_path / "own", {**config(0), "strategy": {"name": "labtrim", "trim": trim}})
+    if recorded is not None:
+        RunFolder(run).write_outputs(declarations(), {}, recorded)
+    write_report([run, write_run(tmp_path / "fedavg", config(0))], tmp_path / "out")
+    board = (tmp_path / "out" / "report.md").read_text().split("## Strategy leaderboard")[1].split("##")[0]
+    assert label in [line.split(" | ")[0] for line in board.splitlines()]
+
+
 def test_the_outputs_are_complete_and_the_markdown_links_its_plots(sweep_report):
     out, _ = sweep_report
     names = sorted(p.name for p in (out / "plots").iterdir())
@@ -620,7 +635,7 @@ def test_a_users_plugin_declares_what_the_report_and_plot_show(tmp_path, monkeyp
         runs.append(run)
     importlib.import_module(name)  # as the runs' ServerApp did: each run records what its plug-ins declare
     for run in runs:
-        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)))
+        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)), {})
     gone = write_run(tmp_path / "gone", {**config(2), "plugins": [f"{name}_missing"]})  # from before runs recorded them
     write_report([*runs, gone], tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -138,7 +138,7 @@ def test_every_reader_reads_a_folder_without_running_the_modules_it_names(record
     monkeypatch.syspath_prepend(str(lab))
     run = write_run(tmp_path / "run", {**config(0), "plugins": ["side_effect_lab"]})
     if recorded:
-        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)))
+        RunFolder(run).write_outputs(declarations(), recorded_flags(declarations(), read_records(run)), {})
     assert main(["status", str(run)]) == 0
     assert main(["report", str(run), "--out", str(tmp_path / "page")]) == 0
     assert main(["export", str(run), "--out", str(tmp_path / "runs.csv")]) == 0

@@ -14,7 +14,10 @@ The convention (the doc states it at its end):
   Fashion-MNIST is not on this machine);
 - ``<!-- test: output -->`` on the line before a ```text block: its text must appear in the
   output of the bash block before it (what the reader is told to expect);
-- every other ```text block (output, for reading) is shown only.
+  ``<!-- test: in PATH -->``: in the file PATH (relative to the folder) as the steps so
+  far left it. Both compare line by line, exactly but for what a rerun changes (durations,
+  a run folder's time stamp, a path's start written ``.../``; see ``conftest.shows``); a
+  line ``...`` stands for lines left out. A tutorial shows no output it does not check.
 
 The fast tests check the convention and the runner; the integration test runs the page at
 its smoke size (one ``fedmech run`` and the sweep's ``smoke`` preset: 4 two-round cells,
@@ -37,16 +40,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, fenced_blocks
+from conftest import REPO, fenced_blocks, shows
 from fedmech_flwr.data import DEBIAN_FASHION_MNIST
 
 DOC = REPO / "docs" / "tutorials" / "first_strategy.md"
 FILE = re.compile(r"^# file: (\S+)(?: \((replace|append)\))?$")
 MARKER = re.compile(r"^<!-- test: (.*?) -->$")
-MARKERS = {"dry-run": "bash", "output": "text"}
-"""Marker -> the language of the block it may precede."""
+MARKERS = {"dry-run": "bash", "output": "text", "in": "text"}
+"""Marker (its first word) -> the language of the block it may precede."""
 SHOWN = {"text"}
-"""Fence languages that are shown only."""
+"""Fence languages that are output, checked by their marker."""
 
 
 class TutorialError(AssertionError):
@@ -90,14 +93,19 @@ def blocks(text: str) -> list[Block]:
 
 def check(block: Block) -> None:
     """A block is run, written or shown, and says which."""
-    if block.marker is not None and MARKERS.get(block.marker) != block.language:
+    kind = block.marker.split(" ", 1)[0] if block.marker else None
+    if kind is not None and MARKERS.get(kind) != block.language:
         raise TutorialError(f"{block.where}: unknown marker {block.marker!r} before a {block.language} block (known: "
                             + ", ".join(f"{m} before a {lang} block" for m, lang in MARKERS.items()) + ")")
+    if block.language in SHOWN and kind not in ("output", "in"):
+        raise TutorialError(f"{block.where} is an example output that nothing checks: put <!-- test: output --> "
+                            "(the bash block before it printed it) or <!-- test: in PATH --> (a file holds it) "
+                            "on the line before it")
     if block.language in ("python", "yaml"):
         block.target()
     elif block.language != "bash" and block.language not in SHOWN:
         raise TutorialError(f"{block.where}: a block is bash (run), python or yaml with '# file:' (written) or "
-                            f"{'/'.join(sorted(SHOWN))} (shown only), got {block.language or 'no language'!r}")
+                            f"{'/'.join(sorted(SHOWN))} (output, checked), got {block.language or 'no language'!r}")
 
 
 def write(block: Block, folder: Path) -> None:
@@ -163,9 +171,17 @@ def run_page(text: str, folder: Path, env: dict[str, str] | None = None, timeout
         if block.marker == "output":
             if last is None:
                 raise TutorialError(f"{block.where} is the output of a bash block, but none ran before it")
-            if block.text not in outputs[last]:
+            if not shows(block.text, outputs[last]):
                 raise TutorialError(f"{block.where} is not in the output of the block at line {last}:\n"
                                     f"{block.text}--- output ---\n{outputs[last][-4000:]}")
+            continue
+        if block.marker and block.marker.startswith("in "):
+            path = folder / block.marker[3:]
+            text = path.read_text() if path.is_file() else "(no such file)"
+            if not shows(block.text, text):
+                near = text.find(block.text.split("\n", 1)[0][:20])  # where the file has its first line, if anywhere
+                raise TutorialError(f"{block.where} is not in {block.marker[3:]}:\n{block.text}--- file ---\n"
+                                    f"{text[max(near, 0):][:4000]}")
             continue
         if block.language in SHOWN:
             continue
@@ -204,6 +220,42 @@ def test_exports_and_the_working_folder_carry_between_blocks(tmp_path):
     run_page(page, tmp_path, log=lambda _: None)
 
 
+def test_every_example_output_of_the_tutorials_is_checked():
+    """first_strategy.md's by this file's runner, first-run.md's by tests/test_flwr_run.py."""
+    for page in sorted((REPO / "docs" / "tutorials").glob("*.md")):
+        shown = [b for b in blocks(page.read_text()) if b.language in SHOWN]
+        assert shown, page
+        for block in shown:
+            check(block)
+
+
+@pytest.mark.parametrize(("printed", "expected"), [
+    ("round 1/2 | accuracy 57.0% | 8.0s | ETA 1m12s\n", True),  # durations may differ
+    ("round 1/2 | accuracy 58.0% | 1.2s | ETA 1s\n", False),  # a measured number may not
+    ("before\nround 1/2 | accuracy 57.0% | 1.2s | ETA 1s\nafter\n", True),
+    ("round 1/2 | accuracy 57.0% | 1.2s | ETA 1s | new column\n", False),  # whole lines
+    ("xround 1/2 | accuracy 57.0% | 1.2s | ETA 1s\n", False),
+])
+def test_an_example_output_matches_exactly_but_for_durations(printed, expected):
+    assert shows("round 1/2 | accuracy 57.0% | 1.2s | ETA 1s\n", printed) is expected
+
+
+def test_an_example_output_may_leave_lines_out_and_shorten_paths():
+    shown = "start in .../runs/smoke-20261205-101500\n...\nend\n"
+    assert shows(shown, "start in /tmp/x/runs/smoke-20261207-200651\nround 1\nround 2\nend\n")
+    assert shows(shown, "start in /tmp/x/runs/smoke-20261207-200651\nend")
+    assert not shows(shown, "end\nstart in /tmp/x/runs/smoke-20261207-200651\n")  # in order
+    assert not shows(shown, "start in /tmp/x/logs/smoke-20261207-200651\nend\n")
+
+
+def test_an_example_output_in_a_file_is_checked_against_the_file(tmp_path):
+    page = "```bash\nprintf 'a 1.0s\\nb\\n' > out.txt\n```\n<!-- test: in out.txt -->\n```text\na 2.5s\nb\n```\n"
+    run_page(page, tmp_path, log=lambda _: None)
+    (tmp_path / "again").mkdir()
+    with pytest.raises(TutorialError, match="the text block at line 5 is not in out.txt"):
+        run_page(page.replace("b\n```\n", "c\n```\n"), tmp_path / "again", log=lambda _: None)
+
+
 @pytest.mark.parametrize(("page", "message"), [
     ("```bash\ntrue\nfalse\necho never\n```\n", "the bash block at line 1 exited 1"),
     ("```bash\nfedmech nwe strategy x\n```\n", "the bash block at line 1 exited 2"),
@@ -217,6 +269,8 @@ def test_exports_and_the_working_folder_carry_between_blocks(tmp_path):
     ("```bash\necho hello\n```\n<!-- test: output -->\n```text\nhullo\n```\n",
      "the text block at line 5 is not in the output of the block at line 1"),
     ("```bash\nls\n", "the block at line 1 is never closed"),
+    ("```bash\necho hello\n```\n```text\nhello\n```\n", "the text block at line 4 is an example output that nothing"),
+    ("```bash\ntrue\n```\n<!-- test: in nowhere.txt -->\n```text\nhello\n```\n", "is not in nowhere.txt"),
 ])
 def test_a_wrong_block_fails_naming_its_line(tmp_path, page, message):
     with pytest.raises(TutorialError, match=re.escape(message)):

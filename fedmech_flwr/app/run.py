@@ -180,6 +180,10 @@ class Run:
         """The records whose undeclared metrics this process has said how to declare."""
         self._declared = declarations()
         """What the registered plug-ins declare, recorded in the folder (``RunFolder.write_outputs``)."""
+        self._strategy_defaults = (STRATEGIES.get(self.cfg.strategy.name).defaults
+                                   if isinstance(self.cfg, ExperimentConfig) else {})
+        """The strategy's parameter defaults, recorded beside the declarations (none for a
+        user's own Flower app, whose strategy is not a registered one)."""
         self._flags: dict[str, dict[str, str]] = {}
         """The flags of the flagged values recorded so far, by metric and round."""
 
@@ -208,7 +212,7 @@ class Run:
             folder.write_environment(self.cfg.seed, str(inputs.device), inputs.run_config)
         kept = read_records(folder.path) if (folder.path / METRICS_FILE).is_file() else []
         self._flags = recorded_flags(self._declared, kept)
-        folder.write_outputs(self._declared, self._flags)
+        folder.write_outputs(self._declared, self._flags, self._strategy_defaults)
         if self.cfg.tensorboard:  # a resumed run's rewritten whole, from the records its resume point kept
             self.events = EventFiles(folder.path, yaml.safe_dump(inputs.recorded_config, sort_keys=False),
                                      inputs.class_names, kept)
@@ -374,7 +378,7 @@ class Run:
             folder.checkpoint(server_round, named, state)
         for key, rounds in recorded_flags(self._declared, folder.recent).items():
             self._flags.setdefault(key, {}).update(rounds)
-        folder.write_outputs(self._declared, self._flags)
+        folder.write_outputs(self._declared, self._flags, self._strategy_defaults)
         self.committed = ResumePoint(server_round, named, state)
         folder.save_state(self.committed)
         if self.events:

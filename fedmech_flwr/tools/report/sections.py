@@ -4,7 +4,6 @@ strategy leaderboard, the plots and where every run came from."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -176,25 +175,20 @@ def _paper_section(comparisons: list[Comparison], unmatched: list[PaperValue], p
     return Section("Published values", [*blocks, notes])
 
 
-def _strategy_defaults(name: Any) -> dict[str, Any] | None:
-    """A registered strategy's parameter defaults as flat config keys (``strategy.KEY``);
-    None for a strategy not registered here (its row then names every parameter)."""
+def _strategy_defaults(name: Any, groups: list[Group]) -> dict[str, Any] | None:
+    """A strategy's parameter defaults as flat config keys (``strategy.KEY``), as its runs
+    recorded them, else as registered here (a built-in, for folders from before runs
+    recorded them); None when neither knows (its row then names every parameter)."""
     from fedmech_flwr.strategy import STRATEGIES
 
+    recorded = [run.strategy_defaults for g in groups if g.config.get("strategy", {}).get("name") == name
+                for run in g.runs if run.strategy_defaults is not None]
+    if recorded:
+        return flatten_plain({"strategy": recorded[0]})
     try:
-        config_cls = STRATEGIES.get(name).config_cls
+        return flatten_plain({"strategy": STRATEGIES.get(name).defaults})
     except (ConfigError, TypeError):
         return None
-    defaults: dict[str, Any] = {}
-    for f in dataclasses.fields(config_cls) if dataclasses.is_dataclass(config_cls) else ():
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            continue
-        defaults[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    return flatten_plain({"strategy": defaults})
 
 
 def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
@@ -209,7 +203,7 @@ def _leaderboard(groups: list[Group], varying: list[str]) -> Section | None:
         by_strategy[g.config.get("strategy", {}).get("name")].append(g.config)
     # a strategy's row names the parameters that tell its own rows apart or differ from their defaults
     own_varying = {name: differing_keys(configs) for name, configs in by_strategy.items()}
-    defaults = {name: _strategy_defaults(name) for name in by_strategy}
+    defaults = {name: _strategy_defaults(name, groups) for name in by_strategy}
     for g in groups:
         flat = flatten_plain(g.config)
         name = flat.get("strategy.name")
