@@ -259,6 +259,21 @@ def shows(shown: str, printed: str) -> bool:
     return bool(shown_output(shown).search(printed if printed.endswith("\n") else printed + "\n"))
 
 
+def needs_dataset(name: str) -> pytest.MarkDecorator:
+    """Skip a test that needs dataset ``name`` where this machine lacks it, with the reason
+    the product itself gives (where it looked, how to get it): a clone with no data beside
+    it runs every other test."""
+    from fedmech_flwr.data import dataset_info
+    from fedmech_flwr.errors import DataNotFoundError
+
+    try:
+        dataset_info(name)
+        missing = None
+    except DataNotFoundError as err:
+        missing = str(err).split("\n", 1)[0]
+    return pytest.mark.skipif(missing is not None, reason=f"{name} is not on this machine: {missing}")
+
+
 def without_measured(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not MEASURED.search(k)} for r in records]
 

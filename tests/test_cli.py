@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, needs_dataset
 from fedmech_flwr.safe_text import CONTROL
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
@@ -87,10 +87,8 @@ def test_validate_checks_a_sweep_file_cell_by_cell(capsys, monkeypatch):
 # --- validate and run refuse the same bad input, before anything starts -----------------
 
 SMOKE_AT = "in experiments/smoke.yaml: "
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-CIFAR10_NPZ = REPO.parent / "shared" / "data" / "cifar10" / "cifar10.npz"
-needs_fashion_mnist = pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason=f"Fashion-MNIST absent ({FASHION_MNIST})")
-needs_cifar10 = pytest.mark.skipif(not CIFAR10_NPZ.is_file(), reason=f"CIFAR-10 absent ({CIFAR10_NPZ})")
+needs_fashion_mnist = needs_dataset("fashion_mnist")
+needs_cifar10 = needs_dataset("cifar10")
 
 BAD_INPUT = [
     # caught only inside the ServerApp before (issue 12)

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from conftest import REPO, smoke_config
+from conftest import REPO, needs_dataset, smoke_config
 from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.config import read_yaml
@@ -57,6 +57,7 @@ def test_each_cpu_block_is_its_methods_at_two_skews_and_three_seeds_with_one_sgd
     assert {tuple(d.rounds) for c in plan.cells for d in c.config.diagnostics} == {tuple(rounds)}
 
 
+@needs_dataset("cifar10")
 @pytest.mark.parametrize(("file", "momentum"), [(LEADERBOARD, 0.9), (PLAIN_SGD, 0.0)], ids=["momentum", "plain-sgd"])
 def test_the_gpu_preset_gives_every_method_the_papers_learning_rate(file, momentum, monkeypatch):
     """lr 0.01 on CIFAR-10, each block with its own momentum (validated as on a machine
