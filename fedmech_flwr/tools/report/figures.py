@@ -188,9 +188,10 @@ def plot_headline(groups: list[Group], comparisons: list[Comparison], plots: Pat
     if any(control for p in drawn for _, control in p.series):
         caption += "; hollow squares and dashed lines: the dense control"
     if any(point[3] for p in drawn for points in p.series.values() for point in points):
-        caption += ("; red rings: values flagged by their validity rule (e.g. a one-class model, which predicts one "
-                    f"class for more than {DEGENERATE_FRACTION:.0%} of the test images, so its accuracy is chance, "
-                    "not a measurement)")
+        caption += ("; red rings: values flagged by their validity rule (a one-class model, which predicts one "
+                    f"class for more than {DEGENERATE_FRACTION:.0%} of the test images: its accuracy is chance, not a "
+                    "measurement; an under-powered probe, which still gained more than a point from its last doubling "
+                    "of data: its accuracy is a lower bound)")
     if paper and any(p.published for p in drawn):
         caption += f"; stars: the published values, in their series' colour, {protocol}"
     return [(path, caption)]
