@@ -21,8 +21,9 @@ import pytest
 from conftest import REPO
 
 BUILTIN = "fedmech_flwr.builtin"
-OLD_NAMES = ("clients", "strategies", "diagnostics")
-"""The built-in plug-in packages' top-level names before they moved under ``fedmech_flwr.builtin``."""
+FOLDERS = ("clients", "strategies", "diagnostics")
+"""The built-in plug-in packages' folders: imported by these top-level names (where the
+repository's root is on ``sys.path``), they would be a second copy of their plug-ins."""
 LOADER = "fedmech_flwr.plugins"
 """The one core module that names the built-in plug-in packages (it imports them by name)."""
 DEPRECATED = {"fedmech_flwr.flower": {"fedmech_flwr.app.flower"}}
@@ -81,8 +82,8 @@ def is_plugin(module: str) -> bool:
 
 
 def is_fedmech(module: str) -> bool:
-    """A module of this project: the core, a built-in plug-in, or an old top-level plug-in name."""
-    return module.split(".")[0] in ("fedmech_flwr", *OLD_NAMES)
+    """A module of this project: the core, a built-in plug-in, or a plug-in folder's top-level name."""
+    return module.split(".")[0] in ("fedmech_flwr", *FOLDERS)
 
 
 def plugin_unit(module: str) -> str:
@@ -105,14 +106,14 @@ ALLOWED = {"core": {"core"}, "app": {"core", "app"}, "tools": {"core", "app", "t
 # --- the rules -----------------------------------------------------------------------------
 
 def core_violations(graph: dict[str, set[str]]) -> list[str]:
-    """A core module that imports a built-in plug-in (by its name or its old top-level one),
+    """A core module that imports a built-in plug-in (by its name or its folder's),
     or imports across the layers the wrong way."""
     wrong = []
     for module, targets in graph.items():
         if is_plugin(module):
             continue
         for target in sorted(targets):
-            if is_plugin(target) or target.split(".")[0] in OLD_NAMES:
+            if is_plugin(target) or target.split(".")[0] in FOLDERS:
                 wrong.append(f"{module} -> {target}: the core imports a plug-in (only {LOADER} loads them, by name)")
             elif (target in graph and not is_plugin(target) and core_layer(target) not in ALLOWED[core_layer(module)]
                   and target not in DEPRECATED.get(module, ())):
@@ -133,8 +134,8 @@ def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if module.count(".") == 2 and target.startswith(module + "."):  # a plug-in package's list
                 continue
-            if target.split(".")[0] in OLD_NAMES:
-                why = "a plug-in by its old top-level name"
+            if target.split(".")[0] in FOLDERS:
+                why = "a plug-in by its folder's top-level name"
             elif is_plugin(target):
                 why = "another plug-in (go through fedmech_flwr.api: a registry, decode_results)"
             elif core_layer(target) in ("app", "tools"):
@@ -225,14 +226,14 @@ def test_only_the_loader_names_the_builtin_plugin_packages():
     imports exactly the installed ones, from their folders at the top of the repository."""
     from fedmech_flwr import plugins
 
-    names = {f"{BUILTIN}.{name}" for name in OLD_NAMES}
+    names = {f"{BUILTIN}.{name}" for name in FOLDERS}
     spelled = sorted(str(path.relative_to(REPO)) for path in (REPO / "fedmech_flwr").rglob("*.py")
                      if path.name != "plugins.py"
                      and any(text == name or text.startswith(name + ".") for text in named_strings(path)
                              for name in names))
     assert spelled == []
     assert set(plugins.PLUGIN_PACKAGES) == names
-    for name in OLD_NAMES:
+    for name in FOLDERS:
         assert (REPO / name / "__init__.py").is_file()
 
 
@@ -258,7 +259,7 @@ packages = ["fedmech_flwr", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_f
     "fedmech_flwr/api.py": "from fedmech_flwr.registry import Registry\n",
     "fedmech_flwr/registry.py": "class Registry: ...\n",
     "fedmech_flwr/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
-    "fedmech_flwr/hooks.py": "import strategies.mean  # the same, by the old name\n",
+    "fedmech_flwr/hooks.py": "import strategies.mean  # the same, by its folder's name\n",
     "fedmech_flwr/stats.py": "from fedmech_flwr.tools import cli  # the core on the tools\n",
     "fedmech_flwr/plugins.py": "import importlib\n",
     "fedmech_flwr/builtin/__init__.py": "",
@@ -313,7 +314,7 @@ def test_a_plugin_importing_the_app_the_tools_the_core_or_another_plugin_is_caug
         "decode_results)",
         f"{median} -> fedmech_flwr.registry: a core module other than fedmech_flwr.api",
         f"{median} -> fedmech_flwr.tools.cli: fedmech_flwr.tools",
-        f"{median} -> strategies: a plug-in by its old top-level name",
+        f"{median} -> strategies: a plug-in by its folder's top-level name",
     ]
 
 

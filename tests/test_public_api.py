@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib
-import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 from string import Template
 
@@ -79,91 +77,41 @@ def test_register_picks_the_registry_by_kind_and_records_the_caller(monkeypatch)
 
 # --- the built-in packages' names -----------------------------------------------------------
 
-def test_the_builtin_plugins_install_under_fedmech_flwr():
+TRAPS = ("tests", "benchmarks", "examples", "scripts", "fedmech_flwr", "fedmech_flwr.registry")
+"""Folders at the top of the repository beside the built-in packages, a second copy of the
+core (with registries of its own) among them."""
+
+
+@pytest.mark.parametrize("name", TRAPS)
+def test_only_the_builtin_packages_import_under_fedmech_flwr_builtin(name):
+    with pytest.raises(ModuleNotFoundError, match=f"^No module named 'fedmech_flwr\\.builtin\\."):
+        importlib.import_module(f"fedmech_flwr.builtin.{name}")
+
+
+def test_the_builtin_packages_import_from_their_folders_and_register_once():
+    """Each from its folder at the top of the repository, its subpackages from theirs, every
+    plug-in registered in the one registry of the one core."""
     plugins.load()
-    for name in BUILTIN_FOLDERS:
-        package = sys.modules[f"fedmech_flwr.builtin.{name}"]
-        assert Path(package.__file__) == REPO / name / "__init__.py"
+    plugins.load()  # idempotent: a second load registers nothing twice
+    for name in (*BUILTIN_FOLDERS, "diagnostics.circuits", "diagnostics.usae"):
+        package = importlib.import_module(f"fedmech_flwr.builtin.{name}")
+        assert Path(package.__file__) == REPO.joinpath(*name.split("."), "__init__.py")
+    fedavg = importlib.import_module("fedmech_flwr.builtin.strategies.fedavg")
+    assert fedavg.STRATEGIES is api.STRATEGIES
     assert api.STRATEGIES.get("fedavg").module == "fedmech_flwr.builtin.strategies.fedavg"
+    assert {m.split(".")[2] for m in sys.modules if m.startswith("fedmech_flwr.builtin.")} == set(BUILTIN_FOLDERS)
 
 
-def test_a_builtin_package_found_elsewhere_is_refused_naming_the_file(monkeypatch, tmp_path):
-    """Another checkout's plug-ins would register their own versions under the built-in
-    names; fedmech refuses to start, naming the file it found and the one it expected."""
-    elsewhere = tmp_path / "old_checkout" / "strategies" / "__init__.py"
-    elsewhere.parent.mkdir(parents=True)
-    elsewhere.write_text("")
-    impostor = types.ModuleType("fedmech_flwr.builtin.strategies")
-    impostor.__file__ = str(elsewhere)
-    monkeypatch.setitem(sys.modules, "fedmech_flwr.builtin.strategies", impostor)
-    with pytest.raises(ConfigError) as err:
-        plugins.load()
-    assert str(err.value).startswith(f"the built-in plug-in package fedmech_flwr.builtin.strategies was imported from "
-                                     f"{elsewhere}, but this fedmech ({REPO / 'fedmech_flwr'}) has it at "
-                                     f"{REPO / 'strategies' / '__init__.py'}: ")
-    assert str(err.value).endswith(" in fedmech_flwr.plugins")
+def test_a_missing_builtin_folder_is_named_with_what_to_do():
+    code = ("from pathlib import Path; import fedmech_flwr.builtin as b; b.HOME = Path('/nowhere'); "
+            "import fedmech_flwr.builtin.clients")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines()[-1] == (
+        "ModuleNotFoundError: the built-in plug-in package fedmech_flwr.builtin.clients has no folder "
+        "/nowhere/clients: reinstall fedmech (pip install -e . in a checkout)")
 
 
 # --- old paths, for one release ------------------------------------------------------------
-
-def python(code: str, cwd: Path, *flags: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if pythonpath:
-        env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, *flags, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
-
-
-OLD_TEMPLATE = """
-import warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    from fedmech_flwr.strategy import STRATEGIES        # what `fedmech new strategy` wrote before
-    from strategies.fedavg import FedAvgConfig, WeightedFedAvg
-from fedmech_flwr import api, plugins
-plugins.load()                                          # the built-in plug-ins once, under their new names
-assert WeightedFedAvg is api.WeightedFedAvg and FedAvgConfig is api.FedAvgConfig
-assert STRATEGIES.get("fedavg").module == "fedmech_flwr.builtin.strategies.fedavg"
-for w in caught:
-    if "next release" in str(w.message):
-        print(w.category.__name__, w.filename == "<string>", w.message)
-"""
-
-
-@pytest.mark.parametrize("where", ["elsewhere", "the repository"])
-def test_the_old_plugin_paths_import_with_a_warning_naming_the_new_one(tmp_path, where):
-    """``from strategies.fedavg import WeightedFedAvg``, a user's subclass as ``fedmech new``
-    wrote it before, still imports, warned about, and registers nothing twice, also from
-    the repository's folder (where ``strategies/`` itself is on sys.path)."""
-    done = python(OLD_TEMPLATE, tmp_path if where == "elsewhere" else REPO)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "DeprecationWarning True strategies is deprecated and goes in the next release: import "
-        "fedmech_flwr.builtin.strategies instead (a plug-in needs only fedmech_flwr.api)",
-        "DeprecationWarning True strategies.fedavg is deprecated and goes in the next release: import "
-        "fedmech_flwr.api instead (a plug-in needs only fedmech_flwr.api)"]
-
-
-@pytest.mark.parametrize("cwd", ["its folder", "the repository"])
-def test_a_users_own_package_of_an_old_name_is_imported_not_the_alias(tmp_path, cwd):
-    """Also where the repository's root comes first on sys.path (its folder, the app bundle
-    of ``flwr run .``), the user's ``strategies`` is imported, and the built-in plug-ins are
-    all registered."""
-    site = tmp_path / "site"
-    (site / "strategies").mkdir(parents=True)
-    (site / "strategies" / "__init__.py").write_text("MINE = True\n")
-    code = """
-import warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    import fedmech_flwr.plugins as p, strategies
-    p.load()
-from fedmech_flwr.api import STRATEGIES
-print(strategies.MINE, "fedavg" in STRATEGIES.names(), [str(w.message) for w in caught if "next release" in str(w.message)])
-"""
-    done = python(code, site if cwd == "its folder" else REPO, pythonpath=site)
-    assert (done.returncode, done.stdout) == (0, "True True []\n"), done.stderr
-
 
 def test_the_old_flower_app_path_imports_with_a_warning_naming_the_new_one(monkeypatch):
     """An app written against ``fedmech_flwr.flower`` (the path before the restructuring)."""
