@@ -48,7 +48,9 @@ What is here, by role:
   the run folder's file names, ``parse_dataclass``, ``write_text_atomic`` ...
 - **figures** (server side; imported on first use, so a ClientApp never loads matplotlib):
   ``line_plot``, ``heatmap``, ``class_labels``.
-- **tests**: ``train_replies``, mocked clients' replies for a strategy's ``aggregate_train``.
+- **tests**: ``train_replies``, mocked clients' replies for a strategy's ``aggregate_train``;
+  the contract checks ``check_model``, ``check_client``, ``check_strategy``,
+  ``check_diagnostic`` (a plug-in's test calls the one of its kind).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from fedmech_flwr.checks import Check, all_of, dense_only, plain_sgd_only, sgd_o
 from fedmech_flwr.client import CLIENTS, ClientData, FedMechClient
 from fedmech_flwr.commands import COMMANDS, Command, Help
 from fedmech_flwr.config import ExperimentConfig, apply_overrides, plugin_registries
+from fedmech_flwr.contracts import check_client, check_diagnostic, check_model, check_strategy
 from fedmech_flwr.data import DATASETS, DataInfo
 from fedmech_flwr.errors import BadFileError, ConfigError, DataNotFoundError, RunFolderError
 from fedmech_flwr.experiment import audit_indices, load_data, load_experiment, model_builder
@@ -184,7 +187,7 @@ __all__ = [
     # figures (imported on first use)
     "class_labels", "heatmap", "line_plot",
     # tests
-    "train_replies",
+    "check_client", "check_diagnostic", "check_model", "check_strategy", "train_replies",
 ]
 
 _FIGURES = ("class_labels", "heatmap", "line_plot")

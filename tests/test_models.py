@@ -1,4 +1,5 @@
-"""Every registered model honours the FedMechModel contract diagnostics rely on."""
+"""Every registered model honours the FedMechModel contract diagnostics rely on
+(``check_model``), and the models' own rules: defaults, bad configs, ``wrap_module``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedmech_flwr.contracts import check_model
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.models import MODELS, WrappedModel, build_model, register_module, wrap_module
 
@@ -51,55 +53,18 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "cfg", "in_channels", "image_size"), CASES)
 def test_model_contract(name, cfg, in_channels, image_size):
-    torch.manual_seed(0)
-    model = build_model(
-        name, cfg, in_channels=in_channels, num_classes=5, image_size=image_size
-    )
-    x = torch.randn(4, in_channels, image_size, image_size)
-    y = torch.randint(0, 5, (4,))
+    check_model(name, cfg, in_channels=in_channels, image_size=image_size)
 
-    logits = model(x)
-    assert logits.shape == (4, 5) and model.num_classes == 5
-    assert not torch.isnan(logits).any()
-    F.cross_entropy(logits, y).backward()
-    for pname, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
-    features = model.forward_features(x)
-    assert features.shape == (4, model.feature_dim)
-    assert torch.equal(model.forward_head(features, pre_logits=True), features)
-    assert torch.allclose(model.forward_head(features), model(x))
-    head = model.get_classifier()
-    assert isinstance(head, nn.Linear) and head.in_features == model.feature_dim
-
-    gated = model.gated_layers()
-    assert gated and all(model.layer_module(n, before_norm=True) is not head for n in gated)
-    assert len({id(model.layer_module(n)) for n in gated}) == len(gated)
-    assert "head.weight" in model.prunable_parameters()
-    assert model.head_parameter_names() == {"head.weight", "head.bias"}
-    for before_norm in (False, True):
-        seen = {}
-        hooks = [
-            model.layer_module(n, before_norm=before_norm).register_forward_hook(
-                lambda m, i, out, n=n: seen.__setitem__(n, out.shape[1])
-            )
-            for n in gated
-        ]
-        model(x)
-        for h in hooks:
-            h.remove()
-        assert seen == gated
-
-    try:  # a model gives channel groups that cover every gated channel once, or says why not
-        groups = model.permutation_groups()
+@pytest.mark.parametrize("name", MODELS.names())
+def test_only_a_wrapped_model_that_is_no_chain_lacks_channel_groups(name):
+    """``check_model`` checks the groups where a model has them; every model has them but a
+    wrapped module whose layers are no chain (torchvision's ResNet), which says why."""
+    model = build_model(name, SMALL_CONFIGS.get(name, [{}])[0], in_channels=3, num_classes=5, image_size=32)
+    try:
+        model.permutation_groups()
     except NotImplementedError as err:
         assert isinstance(model, WrappedModel) and "only for a chain of layers, which this is not" in str(err)
-    else:
-        state = model.state_dict()
-        assert sorted(k for g in groups for k in g.rows) == sorted(k for n in gated for k in model.channel_arrays(n))
-        for g in groups:
-            assert all(state[k].shape[0] == g.size for k in g.rows)
-            assert all(state[k].shape[1] == g.size * block for k, block in g.columns)
 
 
 def test_gating_after_norm_removes_channel():

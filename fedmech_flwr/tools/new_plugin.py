@@ -4,7 +4,8 @@ Three files: ``NAME.py`` (a minimal registered plug-in of the kind, importing on
 ``fedmech_flwr.api``, with the metrics it records declared in ``outputs=`` so that every
 view shows them), ``test_NAME.py`` (its test in this project's style: a strategy aggregates
 mocked client replies into a hand-computed result, a client's loss and a diagnostic's
-metric are known answers, a model passes the model contract) and ``NAME.yaml`` (the smoke
+metric are known answers; and the contract check of its kind, ``check_strategy`` ...
+``check_model``) and ``NAME.yaml`` (the smoke
 experiment using it through ``plugins: [NAME]``). Nothing is overwritten.
 """
 
@@ -147,10 +148,11 @@ def $name(cfg: ${cls}Config, *, in_channels: int, num_classes: int, image_size: 
 }
 
 TESTS = {
-    "strategy": '''"""$name aggregates mocked client replies into the hand-computed median."""
+    "strategy": '''"""$name aggregates mocked client replies into the hand-computed median, and
+honours the strategy contract."""
 
 import numpy as np
-from fedmech_flwr.api import STRATEGIES, from_record, train_replies
+from fedmech_flwr.api import STRATEGIES, check_strategy, from_record, train_replies
 
 import $name  # noqa: F401  (registers it)
 
@@ -164,13 +166,18 @@ def test_aggregate_of_mocked_replies_is_the_hand_computed_median():
     got = from_record(arrays)
     assert got["w"].dtype == np.float32 and got["w"].tolist() == [2.0, 0.0]  # not the weighted mean, [6.7, 2.6]
     assert got["steps"].dtype == models[0]["steps"].dtype and got["steps"] == 5
+
+
+def test_contract():
+    check_strategy("$name")
 ''',
-    "client": '''"""$name's local loss against the hand-computed label-smoothed cross-entropy."""
+    "client": '''"""$name's local loss against the hand-computed label-smoothed cross-entropy, and the
+client contract."""
 
 import math
 
 import torch
-from fedmech_flwr.api import CLIENTS
+from fedmech_flwr.api import CLIENTS, check_client
 
 import $name  # noqa: F401  (registers it)
 
@@ -188,12 +195,16 @@ def test_loss_is_the_hand_computed_smoothed_cross_entropy():
     assert math.isclose(loss(0.0, logits, y), log_z - 2.0, rel_tol=1e-6)
     smoothed = 0.8 * (log_z - 2.0) + 0.2 * ((log_z - 2.0) + log_z) / 2
     assert math.isclose(loss(0.2, logits, y), smoothed, rel_tol=1e-6)
+
+
+def test_contract():
+    check_client("$name")
 ''',
-    "diagnostic": '''"""$name's metric on a known model."""
+    "diagnostic": '''"""$name's metric on a known model, and the diagnostic contract."""
 
 import numpy as np
 import torch
-from fedmech_flwr.api import DIAGNOSTICS, RoundState
+from fedmech_flwr.api import DIAGNOSTICS, RoundState, check_diagnostic
 
 import $name  # noqa: F401  (registers it)
 
@@ -205,34 +216,22 @@ def test_global_norm_of_a_known_model():
     entry = DIAGNOSTICS.get("$name")
     result = entry.factory(entry.config_cls()).server_side(state)
     assert result.metrics == {"global_norm": 5.0}  # integer arrays (counters) left out
+
+
+def test_contract():
+    check_diagnostic("$name")
 ''',
     "model": '''"""$name honours the model contract the diagnostics rely on."""
 
 import pytest
-import torch
-import torch.nn.functional as F
-from fedmech_flwr.api import build_model
-from torch import nn
+from fedmech_flwr.api import check_model
 
 import $name  # noqa: F401  (registers it)
 
 
 @pytest.mark.parametrize(("in_channels", "image_size"), [(1, 28), (3, 32)])
-def test_model_contract(in_channels, image_size):
-    torch.manual_seed(0)
-    model = build_model("$name", {}, in_channels=in_channels, num_classes=5, image_size=image_size)
-    x = torch.randn(4, in_channels, image_size, image_size)
-    logits = model(x)
-    assert logits.shape == (4, 5) and model.num_classes == 5 and not torch.isnan(logits).any()
-    F.cross_entropy(logits, torch.randint(0, 5, (4,))).backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    features = model.forward_features(x)
-    assert features.shape == (4, model.feature_dim)
-    assert torch.equal(model.forward_head(features, pre_logits=True), features)
-    assert torch.allclose(model.forward_head(features), model(x))
-    assert isinstance(model.get_classifier(), nn.Linear) and model.get_classifier().in_features == model.feature_dim
-    assert model.gated_layers() and all(channels > 0 for channels in model.gated_layers().values())
+def test_contract(in_channels, image_size):
+    check_model("$name", in_channels=in_channels, image_size=image_size)
 ''',
 }
 
