@@ -92,8 +92,8 @@ def circuits(model, x, y, steps: int) -> dict:
 
 def ablations(model, data, masks, samples: int) -> None:
     sizes = model.gated_layers()
-    old_idx = _balanced_subset(data.y_test, 1000, 10, seed=1)
-    new_idx = _balanced_subset(data.y_test, samples, 10, seed=1)
+    old_idx = _balanced_subset(data.y_test, 1000, 10, torch.Generator().manual_seed(1))
+    new_idx = _balanced_subset(data.y_test, samples, 10, torch.Generator().manual_seed(1))
     x_old, y_old, x_new, y_new = data.x_test[old_idx], data.y_test[old_idx], data.x_test[new_idx], data.y_test[new_idx]
     g = torch.Generator().manual_seed(1)
     jobs = [(c, masks[c], random_like(masks[c], sizes, g)) for c in CLIENT_CLASSES]

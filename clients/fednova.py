@@ -35,5 +35,5 @@ class FedNovaClient(FedMechClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         weights, num_examples, metrics = super().fit(parameters, config)
         metrics[STEPS] = self.steps
-        metrics[A_NORM] = a_norm(self.steps, self.train_cfg.momentum)
+        metrics[A_NORM] = a_norm(self.steps, self.train.momentum)
         return weights, num_examples, metrics

@@ -66,7 +66,7 @@ class FedRoDClient(FedMechClient):
             for name, p in self.personal.named_parameters():
                 saved = self.state.get(f"{PERSONAL_HEAD}.{name}")
                 p.copy_(torch.tensor(saved) if saved is not None else torch.zeros_like(p))
-        self.personal_optimizer = make_optimizer(self.personal.parameters(), self.train_cfg)
+        self.personal_optimizer = make_optimizer(self.personal.parameters(), self.train)
         self.round_size = 0
         self.personal_correct = self.personal_seen = 0
 

@@ -45,7 +45,7 @@ class ScaffoldClient(FedMechClient):
         self.anchor = {name: p.detach().clone() for name, p in params.items()}
         self.correction = {name: torch.tensor(c[name] - c_i[name], device=p.device) for name, p in params.items()}
         weights, num_examples, metrics = super().fit(parameters, config)
-        scale = 1.0 / (self.steps * self.train_cfg.lr)  # 1 / (K eta_l)
+        scale = 1.0 / (self.steps * self.train.lr)  # 1 / (K eta_l)
         new = {}
         for name, p in self.model.named_parameters():
             moved = (self.anchor[name].double() - p.detach().double()).cpu().numpy()  # x - y

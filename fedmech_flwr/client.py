@@ -83,7 +83,7 @@ class FedMechClient(NumPyClient):
         self.params = params
         self.model = model
         self.data = data
-        self.train_cfg = train
+        self.train = train
         self.pruning = pruning
         self.seed = seed
         self.partition_id = partition_id
@@ -113,7 +113,7 @@ class FedMechClient(NumPyClient):
     def round_data(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """This round's training samples: all of them, or a seeded subset."""
         x, y = self.data.x, self.data.y
-        cap = self.train_cfg.max_samples_per_round
+        cap = self.train.max_samples_per_round
         if cap is not None and cap < len(x):
             idx = torch.randperm(len(x), generator=generator)[:cap].to(x.device)
             x, y = x[idx], y[idx]
@@ -126,8 +126,8 @@ class FedMechClient(NumPyClient):
         x, y = self.round_data(generator)
         pruner = None
         if self.pruning.mode == "magnitude":
-            pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train_cfg))
-        stats = train_epochs(self.model, x, y, self.train_cfg, generator, self.objective, pruner)
+            pruner = MagnitudePruner(self.model, self.pruning, total_steps=local_steps(len(x), self.train))
+        stats = train_epochs(self.model, x, y, self.train, generator, self.objective, pruner)
         self.steps = stats.steps
         metrics = {
             "train-loss": stats.loss,

@@ -382,19 +382,55 @@ def _idx_arrays(d: Path) -> list[StoredArray]:
     return arrays
 
 
-def _load_idx_dataset(name: str, d: Path, class_names: Sequence[str], mean: float, std: float) -> DatasetBundle:
-    _idx_arrays(d)
-    log.info("%s: reading idx files from %s", name, d)
-    arrays = [read_idx(d / f) for f in IDX_FILES]
-    return _bundle(name, arrays, class_names, (mean,), (std,))
+@dataclass(frozen=True)
+class IdxDataset:
+    """An idx dataset of 28x28 grey images (Fashion-MNIST, MNIST): where its four files are
+    looked for, how to get them, its classes and pixel statistics. ``load`` and ``info``
+    read every one of them the same way."""
+
+    name: str
+    torchvision: str
+    """The torchvision dataset class, also its folder under a root (``<root>/<torchvision>/raw``)."""
+    class_names: tuple[str, ...]
+    mean: float
+    std: float
+    system: tuple[Path, str] | None = None
+    """A system package's folder, looked in first when no root is set, and how to install it."""
+
+    def folder(self, root: str | None) -> Path:
+        """The first folder holding the four idx files: ``root`` or its torchvision folder,
+        else (no root) the system package's, then ``~/.cache/fedmech/data``'s."""
+        if root is None:
+            dirs = [*(self.system[:1] if self.system else ()), data_home() / self.torchvision / "raw"]
+        else:
+            dirs = [Path(root), Path(root) / self.torchvision / "raw"]
+        how = (
+            f"{self.system[1] + '; or, ' if self.system else ''}on a machine with network, "
+            f"`python -c \"import torchvision; torchvision.datasets.{self.torchvision}('~/.cache/fedmech/data', "
+            "download=True)\"`; or point `data.dataset.root: /path` at a directory holding the four idx .gz "
+            "files. Nothing is downloaded automatically."
+        )
+        return _idx_dir(self.name, dirs, how)
+
+    def load(self, root: str | None) -> DatasetBundle:
+        """The dataset, normalised, every file's header checked before any is read."""
+        d = self.folder(root)
+        _idx_arrays(d)
+        log.info("%s: reading idx files from %s", self.name, d)
+        arrays = [read_idx(d / f) for f in IDX_FILES]
+        return _bundle(self.name, arrays, self.class_names, (self.mean,), (self.std,))
+
+    def info(self, root: str | None) -> DataInfo:
+        """Labels and image shape, every file's header checked, without reading the images."""
+        d = self.folder(root)
+        _, _, test_images, _ = _idx_arrays(d)
+        y_train = torch.from_numpy(read_idx(d / IDX_FILES[1]).astype(np.int64))
+        return DataInfo(y_train, test_images.shape[0], len(self.class_names), (1, *IDX_IMAGE_SIZE))
 
 
-def _idx_info(d: Path, num_classes: int) -> DataInfo:
-    """Labels and image shape of an idx dataset, every file's header checked, without
-    reading its images."""
-    _, _, test_images, _ = _idx_arrays(d)
-    y_train = torch.from_numpy(read_idx(d / IDX_FILES[1]).astype(np.int64))
-    return DataInfo(y_train, test_images.shape[0], num_classes, (1, *IDX_IMAGE_SIZE))
+FASHION_MNIST = IdxDataset("fashion_mnist", "FashionMNIST", FASHION_CLASSES, 0.2860, 0.3530,
+                           (DEBIAN_FASHION_MNIST, "on Debian/Ubuntu `apt-get install dataset-fashion-mnist`"))
+MNIST = IdxDataset("mnist", "MNIST", tuple(str(i) for i in range(10)), 0.1307, 0.3081)
 
 
 @dataclass
@@ -404,27 +440,13 @@ class FashionMNISTConfig:
     None: Debian's /usr/share/datasets/fashion-mnist, then ~/.cache/fedmech/data."""
 
 
-def _fashion_mnist_dir(cfg: FashionMNISTConfig) -> Path:
-    if cfg.root is None:
-        dirs = [DEBIAN_FASHION_MNIST, data_home() / "FashionMNIST" / "raw"]
-    else:
-        dirs = [Path(cfg.root), Path(cfg.root) / "FashionMNIST" / "raw"]
-    how = (
-        "on Debian/Ubuntu `apt-get install dataset-fashion-mnist`; or, on a machine with "
-        "network, `python -c \"import torchvision; torchvision.datasets.FashionMNIST("
-        "'~/.cache/fedmech/data', download=True)\"`; or point `data.dataset.root: /path` at a "
-        "directory holding the four idx .gz files. Nothing is downloaded automatically."
-    )
-    return _idx_dir("fashion_mnist", dirs, how)
-
-
 @DATASETS.register("fashion_mnist", FashionMNISTConfig)
 def fashion_mnist(cfg: FashionMNISTConfig) -> DatasetBundle:
     """Fashion-MNIST, 60000/10000 grey 28x28 images, 10 classes."""
-    return _load_idx_dataset("fashion_mnist", _fashion_mnist_dir(cfg), FASHION_CLASSES, 0.2860, 0.3530)
+    return FASHION_MNIST.load(cfg.root)
 
 
-DESCRIBERS["fashion_mnist"] = lambda cfg: _idx_info(_fashion_mnist_dir(cfg), len(FASHION_CLASSES))
+DESCRIBERS["fashion_mnist"] = lambda cfg: FASHION_MNIST.info(cfg.root)
 
 
 @dataclass
@@ -434,27 +456,13 @@ class MNISTConfig:
     None: ~/.cache/fedmech/data/MNIST/raw."""
 
 
-def _mnist_dir(cfg: MNISTConfig) -> Path:
-    if cfg.root is None:
-        dirs = [data_home() / "MNIST" / "raw"]
-    else:
-        dirs = [Path(cfg.root), Path(cfg.root) / "MNIST" / "raw"]
-    how = (
-        "on a machine with network, `python -c \"import torchvision; "
-        "torchvision.datasets.MNIST('~/.cache/fedmech/data', download=True)\"`; or point "
-        "`data.dataset.root: /path` at a directory holding the four idx .gz files. Nothing is "
-        "downloaded automatically."
-    )
-    return _idx_dir("mnist", dirs, how)
-
-
 @DATASETS.register("mnist", MNISTConfig)
 def mnist(cfg: MNISTConfig) -> DatasetBundle:
     """MNIST digits, 60000/10000 grey 28x28 images, 10 classes."""
-    return _load_idx_dataset("mnist", _mnist_dir(cfg), [str(i) for i in range(10)], 0.1307, 0.3081)
+    return MNIST.load(cfg.root)
 
 
-DESCRIBERS["mnist"] = lambda cfg: _idx_info(_mnist_dir(cfg), 10)
+DESCRIBERS["mnist"] = lambda cfg: MNIST.info(cfg.root)
 
 
 @dataclass

@@ -243,14 +243,17 @@ def _image_digests(x: torch.Tensor) -> set[str]:
     return {hashlib.sha1(image.tobytes()).hexdigest() for image in x.cpu().numpy()}
 
 
-def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo) -> list[np.ndarray]:
+def client_partitions(cfg: ExperimentConfig, bundle: DatasetBundle | DataInfo,
+                      audit: np.ndarray | None = None) -> list[np.ndarray]:
     """Training-set indices of every client (deterministic in the config and seed); the
-    audit set, if any, is held out before partitioning. Labels are all it reads, so the
-    check before a run (``check_experiment``) draws the very partitions the run uses."""
+    audit set, if any, is held out before partitioning: ``audit``, where the caller holds
+    ``audit_indices`` already, else computed. Labels are all it reads, so the check before
+    a run (``check_experiment``) draws the very partitions the run uses."""
     key = repr((to_plain(cfg.data), cfg.federation.num_clients, cfg.seed))
     if key not in _PARTITIONS:
         part = cfg.data.partition
-        available = np.setdiff1d(np.arange(len(bundle.y_train)), audit_indices(cfg, bundle))
+        held_out = audit_indices(cfg, bundle) if audit is None else audit
+        available = np.setdiff1d(np.arange(len(bundle.y_train)), held_out)
         labels = bundle.y_train.numpy()[available]
         parts = partition_dataset(part.name, part.params, labels, cfg.federation.num_clients, cfg.seed)
         _PARTITIONS[key] = [available[p] for p in parts]

@@ -54,6 +54,13 @@ def torch_generator(
     return torch.Generator().manual_seed(seed_for(run_seed, purpose, partition_id, server_round))
 
 
+def seed_globals(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's process-wide RNGs with ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 @contextmanager
 def seeded_globals(seed: int) -> Iterator[None]:
     """Python's, NumPy's and torch's process-wide RNGs seeded with ``seed`` inside the
@@ -63,9 +70,7 @@ def seeded_globals(seed: int) -> Iterator[None]:
     (``training.seed_everything``)."""
     python, numpy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        seed_globals(seed)
         try:
             yield
         finally:

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
 import torch
 from torch import nn
 
 from fedmech_flwr.pruning import MagnitudePruner
+from fedmech_flwr.seeds import seed_globals
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,7 @@ def seed_everything(seed: int) -> torch.Generator:
     Returns a CPU generator for batch order, so data order does not depend on how many
     random numbers other code drew before.
     """
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    seed_globals(seed)
     return torch.Generator().manual_seed(seed)
 
 

@@ -80,7 +80,8 @@ def context(kind: str, initial: NamedArrays, audit: torch.Tensor | None = None) 
         return model
 
     held_out = None if audit is None else (audit, torch.zeros(len(audit)))
-    return StrategyContext(3, 5, 0, 60.0, initial, build, held_out, 3)
+    return StrategyContext(num_classes=3, num_rounds=5, seed=0, round_timeout_s=60.0, initial=initial,
+                           build_model=build, audit=held_out, num_clients=3)
 
 
 def images(n: int = 64, seed: int = 0) -> torch.Tensor:

@@ -19,7 +19,7 @@ from fedmech_flwr.builtin.clients.proximal import ProximalClient
 from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
 from fedmech_flwr.builtin.strategies.fedbabu import FedBABU
 from fedmech_flwr.builtin.strategies.fedprox import FedProxConfig
-from fedmech_flwr.client import ClientData
+from fedmech_flwr.client import ClientData, FedMechClient
 from fedmech_flwr.models import build_model
 from fedmech_flwr.pruning import PruningConfig
 from fedmech_flwr.run_folder import read_records
@@ -116,8 +116,9 @@ def test_fedbabu_server_averages_the_body_and_keeps_the_initial_head():
     head the initial one exactly, whatever the replies' heads."""
     model = make_client(FedBABUClient).model
     initial = model_arrays(model)
-    strategy = STRATEGIES.get("fedbabu").factory(FedAvgConfig(weighting="uniform"),
-                                                 StrategyContext(4, 2, 0, 60.0, initial, lambda arrays: model, None, 2))
+    ctx = StrategyContext(num_classes=4, num_rounds=2, seed=0, round_timeout_s=60.0, initial=initial,
+                          build_model=lambda arrays: model, audit=None, num_clients=2)
+    strategy = STRATEGIES.get("fedbabu").factory(FedAvgConfig(weighting="uniform"), ctx)
     assert isinstance(strategy, FedBABU) and offers_every_node(strategy)
     replies = train_replies([{k: v + 1 for k, v in initial.items()}, {k: v + 3 for k, v in initial.items()}], [10, 30])
     got = from_record(strategy.aggregate_train(1, replies)[0])
@@ -137,3 +138,16 @@ def test_fedprox_mu_reaches_the_client_through_flower_messages(make_cfg, tmp_pat
         return float(np.mean([c["update_norm"] for c in clients.values()]))
 
     assert update_norm(1000.0) < 0.2 * update_norm(0.0)
+
+
+def test_a_train_message_loads_the_global_weights_into_the_client_once(make_cfg, tmp_path, monkeypatch):
+    """The ClientApp leaves loading the global weights to the client's ``fit``: once a round."""
+    loads, load = [], FedMechClient.set_parameters
+
+    def counted(client, parameters):
+        loads.append(client.partition_id)
+        load(client, parameters)
+
+    monkeypatch.setattr(FedMechClient, "set_parameters", counted)
+    run_in_process(make_cfg("federation.num_rounds=1"), tmp_path)
+    assert loads and sorted(loads) == sorted(set(loads))

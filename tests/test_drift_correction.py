@@ -409,7 +409,8 @@ def test_fednova_normalises_the_updates_by_the_clients_steps():
 def test_registered_factory_trains_every_offered_node_with_the_weighting_asked(name):
     """The factories pass the run's sampling and ``weighting`` on (FedDyn is uniform, its paper's mean)."""
     model = build_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, num_classes=4, image_size=8)
-    ctx = StrategyContext(4, 2, 0, 60.0, model_arrays(model), lambda arrays: model, None, N)
+    ctx = StrategyContext(num_classes=4, num_rounds=2, seed=0, round_timeout_s=60.0, initial=model_arrays(model),
+                          build_model=lambda arrays: model, audit=None, num_clients=N)
     entry = STRATEGIES.get(name)
     params = entry.config_cls() if name == "feddyn" else entry.config_cls(weighting="uniform")
     strategy = entry.factory(params, ctx)

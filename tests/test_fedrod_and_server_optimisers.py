@@ -142,7 +142,7 @@ def test_fedrod_trains_on_the_rounds_seeded_subset():
     """With ``max_samples_per_round``: the plain client's subset, drawn by the round's
     (seeded) generator, and its size, which starts each epoch of the personal accuracy."""
     client = fedrod_client()
-    client.train_cfg.max_samples_per_round = 10
+    client.train.max_samples_per_round = 10
     x, y = client.round_data(torch.Generator().manual_seed(1))
     plain_x, plain_y = FedMechClient.round_data(client, torch.Generator().manual_seed(1))
     assert torch.equal(x, plain_x) and torch.equal(y, plain_y) and client.round_size == 10

@@ -13,12 +13,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from module_map import import_graph, installed_packages, modules_of
 
 BUILTIN = "fedmech_flwr.builtin"
 FOLDERS = ("clients", "strategies", "diagnostics")
@@ -28,53 +28,6 @@ LOADER = "fedmech_flwr.plugins"
 """The one core module that names the built-in plug-in packages (it imports them by name)."""
 DEPRECATED = {"fedmech_flwr.flower": {"fedmech_flwr.app.flower"}}
 """Old public paths kept for one release, each importing only its new home."""
-
-
-# --- reading the tree --------------------------------------------------------------------
-
-def installed_packages(root: Path) -> dict[str, Path]:
-    """Package name -> its folder, as ``root/pyproject.toml`` installs them."""
-    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    mapped = setuptools.get("package-dir", {})
-
-    def folder(package: str) -> Path:
-        best = max((p for p in mapped if package == p or package.startswith(p + ".")), key=len, default=None)
-        if best is None:
-            return root.joinpath(*package.split("."))
-        return root / mapped[best] / Path(*package[len(best):].strip(".").split(".") if package != best else ())
-
-    return {package: folder(package) for package in setuptools["packages"]}
-
-
-def modules_of(packages: dict[str, Path]) -> dict[str, Path]:
-    """Module name -> file of every module of the packages (a package is its ``__init__``)."""
-    modules = {}
-    for package, folder in packages.items():
-        for path in folder.glob("*.py"):
-            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
-    return modules
-
-
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> every module it imports, anywhere in its source (top level, in a function,
-    under TYPE_CHECKING), relative imports resolved; a name imported from a package is the
-    submodule where one of that name exists."""
-    graph: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        package = module if path.stem == "__init__" else module.rpartition(".")[0]
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                    base = ".".join([*parent, *([node.module] if node.module else [])])
-                for alias in node.names:
-                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-        graph[module] = targets
-    return graph
 
 
 def is_plugin(module: str) -> bool:

@@ -44,7 +44,8 @@ def build(arrays: NamedArrays):
 def context(data, num_rounds: int = 5, audit_per_class: int = 40) -> StrategyContext:
     torch.manual_seed(1)
     audit = (data.x_train[: audit_per_class * NUM_CLASSES], data.y_train[: audit_per_class * NUM_CLASSES])
-    return StrategyContext(NUM_CLASSES, num_rounds, 0, 60.0, model_arrays(small_cnn()), build, audit, 3)
+    return StrategyContext(num_classes=NUM_CLASSES, num_rounds=num_rounds, seed=0, round_timeout_s=60.0,
+                           initial=model_arrays(small_cnn()), build_model=build, audit=audit, num_clients=3)
 
 
 def perturbed(arrays: NamedArrays, seed: int) -> NamedArrays:

@@ -341,7 +341,8 @@ def test_fedetf_sends_and_keeps_the_etf_head(flower_identity):
         load_model_arrays(built, arrays)
         return built.eval()
 
-    ctx = StrategyContext(4, 2, 7, 60.0, initial, build, None, 2)
+    ctx = StrategyContext(num_classes=4, num_rounds=2, seed=7, round_timeout_s=60.0, initial=initial,
+                          build_model=build, audit=None, num_clients=2)
     strategy = STRATEGIES.get("fedetf").factory(FedAvgConfig(weighting="uniform"), ctx)
     assert strategy.weighting == "uniform"
     assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,

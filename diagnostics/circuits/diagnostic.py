@@ -99,7 +99,6 @@ from fedmech_flwr.api import (
     largest_predicted_class,
     lookup,
     pack_masks,
-    seed_for,
     to_bools,
     torch_generator,
     unpack_masks,
@@ -179,10 +178,9 @@ def _summary(key: str, scores: list[float | None], empty: int) -> dict[str, Any]
             f"{key}_empty": empty}
 
 
-def _balanced_subset(y: torch.Tensor, total: int, num_classes: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
+def _balanced_subset(y: torch.Tensor, total: int, num_classes: int, generator: torch.Generator) -> torch.Tensor:
     per_class = max(1, total // num_classes)
-    picks = [idx[torch.randperm(len(idx), generator=g)[:per_class]]
+    picks = [idx[torch.randperm(len(idx), generator=generator)[:per_class]]
              for c in range(num_classes) if len(idx := torch.nonzero(y.cpu() == c).flatten())]
     return torch.cat(picks)
 
@@ -338,7 +336,7 @@ class Circuits(Diagnostic):
         """The balanced, seeded test subset that ablations and prediction checks run on."""
         x_test, y_test = state.datasets["test"]
         subset = _balanced_subset(y_test, self.params.ablation_samples, state.num_classes,
-                                  seed=seed_for(state.seed, "circuits-ablation-set", None, state.server_round))
+                                  torch_generator(state.seed, "circuits-ablation-set", None, state.server_round))
         return x_test[subset.to(x_test.device)], y_test[subset.to(y_test.device)].cpu()
 
     def _empty_circuits(self, global_model, local_models, local, glob, audit, per_class, xs, ys) -> dict[str, Any]:

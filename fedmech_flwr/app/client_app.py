@@ -264,11 +264,12 @@ def train(msg: Message, context: Context) -> Message:
         seed=cfg.seed, partition_id=partition_id, state=_client_state(msg, context), received=received,
     )
     global_arrays = from_record(msg.content["arrays"])
-    params = [global_arrays[k] for k in model.state_dict()]
-    client.set_parameters(params)
-    global_model = copy.deepcopy(model)
+    weights = {k: global_arrays[k] for k in model.state_dict()}
+    global_model = copy.deepcopy(model)  # the diagnostics' global model; ``fit`` loads the client's, once
+    load_model_arrays(global_model, weights)
     fit_config = {k: v for k, v in msg.content["config"].items() if k != CONFIG_KEY}
-    new_params, num_examples, client_metrics = client.fit(params, {**fit_config, "server-round": server_round})
+    new_params, num_examples, client_metrics = client.fit(list(weights.values()),
+                                                          {**fit_config, "server-round": server_round})
 
     numeric = {k: v for k, v in client_metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     details = {k: _decode(v) for k, v in client_metrics.items() if k not in numeric} | ray_node()

@@ -602,8 +602,9 @@ class ServerData:
         """Derived from the config and seed alone, as the run made them (``fedmech diagnose``
         makes them again); the audit set is checked against the test set."""
         bundle = load_data(cfg)
-        parts = client_partitions(cfg, bundle)
-        audit = torch.from_numpy(audit_indices(cfg, bundle))
+        held_out = audit_indices(cfg, bundle)
+        parts = client_partitions(cfg, bundle, held_out)
+        audit = torch.from_numpy(held_out)
         audit_x = bundle.x_train[audit]
         check_disjoint_from_test(audit_x, bundle.x_test)
         datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
@@ -618,9 +619,12 @@ class ServerData:
 def new_strategy(cfg: ExperimentConfig, server: ServerData, initial: NamedArrays,
                  build: Callable[[NamedArrays], torch.nn.Module]) -> Strategy:
     """The experiment's strategy, built with what the server holds."""
-    context = StrategyContext(server.bundle.num_classes, cfg.federation.num_rounds, cfg.seed,
-                              cfg.federation.round_timeout_s, initial, build, server.datasets.get("audit"),
-                              cfg.federation.num_clients, cfg.pruning.mode == "magnitude")
+    context = StrategyContext(
+        num_classes=server.bundle.num_classes, num_rounds=cfg.federation.num_rounds, seed=cfg.seed,
+        round_timeout_s=cfg.federation.round_timeout_s, initial=initial, build_model=build,
+        audit=server.datasets.get("audit"), num_clients=cfg.federation.num_clients,
+        pruned=cfg.pruning.mode == "magnitude",
+    )
     return STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
 
 
