@@ -33,8 +33,6 @@ MAP_FILE = Path("tests", "MODULES.md")
 COMMAND = "python tests/module_map.py --write"
 
 UNTESTED = {
-    "fedmech_flwr": "the package's one call, fedmech_flwr.plugins.install_old_names, runs on every import; "
-                    "test_public_api.py checks the old names it installs",
     "fedmech_flwr.app.client_side": "the diagnostics' part on a node, run inside every ClientApp through "
                                     "fedmech_flwr.app.client_app and fedmech_flwr.app.flower",
     "fedmech_flwr.app.server_app": "the ServerApp that pyproject.toml names for `flwr run`; the real launches "
