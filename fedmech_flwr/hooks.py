@@ -130,6 +130,22 @@ class GlobalContext:
 
 @dataclass
 class DiagnosticResult:
+    """What a diagnostic returns each round: its metrics (keyed as its ``Outputs`` declares
+    them) and, optionally, arrays to keep.
+
+    Parameters
+    ----------
+    metrics : dict
+        JSON-able values, appended to ``metrics.jsonl``.
+    arrays : dict of str to numpy.ndarray
+        Stored as ``diagnostics/<name>/round_<r>.safetensors``.
+
+    Examples
+    --------
+    >>> DiagnosticResult({"global_norm": 3.2}).metrics
+    {'global_norm': 3.2}
+    """
+
     metrics: dict[str, Any]
     """JSON-able values, appended to metrics.jsonl."""
     arrays: dict[str, np.ndarray] = field(default_factory=dict)

@@ -141,8 +141,29 @@ CLIENT_QUERIES: Registry[Callable[[QueryContext], RecordDict]] = Registry("clien
 
 
 def uploaded(reply: Message, name: str) -> NamedArrays:
-    """The arrays a train reply's client uploaded under ``name`` (``FedMechClient.upload``);
-    a RuntimeError naming the client's plug-in pairing when it sent none."""
+    """The arrays a train reply's client uploaded under ``name`` (``FedMechClient.upload``):
+    how a strategy reads what its paired client sends besides its weights.
+
+    Parameters
+    ----------
+    reply : flwr.app.Message
+        One train reply, as ``aggregate_train`` gets it.
+    name : str
+        The name the client uploaded under (SCAFFOLD's ``"control-delta"``).
+
+    Returns
+    -------
+    NamedArrays
+
+    Raises
+    ------
+    RuntimeError
+        When the client sent none: the message names the plug-in pairing the strategy needs.
+
+    Examples
+    --------
+    >>> deltas = [uploaded(reply, "control-delta") for reply in replies]  # doctest: +SKIP
+    """
     report = reply.content.config_records[REPORT_KEY]
     if UPLOAD_PREFIX + name not in report:
         raise RuntimeError(f"client {report['partition-id']} uploaded no '{name}' arrays: the strategy needs the "
@@ -158,6 +179,20 @@ def parameter_names(ctx: StrategyContext) -> list[str]:
 
 @dataclass
 class FedAvgConfig:
+    """The ``fedavg`` strategy's parameters, and those of the methods whose server averages
+    as FedAvg does.
+
+    Parameters
+    ----------
+    weighting : {"examples", "uniform"}
+        ``examples`` weighs each client by its sample count (canonical FedAvg).
+
+    Examples
+    --------
+    >>> FedAvgConfig(weighting="uniform")
+    FedAvgConfig(weighting='uniform')
+    """
+
     weighting: Literal["examples", "uniform"] = "examples"
     """``examples`` is canonical FedAvg (weights proportional to local sample counts);
     ``uniform`` averages clients equally, as the paper's code does."""

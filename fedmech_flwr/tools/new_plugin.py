@@ -1,7 +1,7 @@
 """``fedmech new KIND NAME``: a start for your own plug-in, in your own folder.
 
 Three files: ``NAME.py`` (a minimal registered plug-in of the kind, importing only
-``fedmech_flwr.api``, with the metrics it records declared in ``outputs=`` so that every
+``fedmech_flwr.api`` and its role module, with the metrics it records declared in ``outputs=`` so that every
 view shows them), ``test_NAME.py`` (its test in this project's style: a strategy aggregates
 mocked client replies into a hand-computed result, a client's loss and a diagnostic's
 metric are known answers, a model passes the model contract) and ``NAME.yaml`` (the smoke
@@ -37,7 +37,7 @@ The client must return its weights and ``num-examples``, as for FedAvg.
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, WeightedFedAvg
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, WeightedFedAvg
 
 
 class $cls(WeightedFedAvg):
@@ -63,7 +63,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 from torch import nn
 
 
@@ -88,7 +88,8 @@ on the clients' data).
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs, RoundState
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 
 OUTPUTS = Outputs("$name", {
     "global_norm": Metric("L2 norm of the global model", ("global_norm",), "L2", 3),
@@ -115,7 +116,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedmech_flwr.api import MODELS, FedMechModel
+from fedmech_flwr.api.model import MODELS, FedMechModel
 from torch import Tensor, nn
 
 
@@ -150,7 +151,7 @@ TESTS = {
     "strategy": '''"""$name aggregates mocked client replies into the hand-computed median."""
 
 import numpy as np
-from fedmech_flwr.api import STRATEGIES, from_record, train_replies
+from fedmech_flwr.api.strategy import STRATEGIES, from_record, train_replies
 
 import $name  # noqa: F401  (registers it)
 
@@ -170,7 +171,7 @@ def test_aggregate_of_mocked_replies_is_the_hand_computed_median():
 import math
 
 import torch
-from fedmech_flwr.api import CLIENTS
+from fedmech_flwr.api.client import CLIENTS
 
 import $name  # noqa: F401  (registers it)
 
@@ -193,7 +194,7 @@ def test_loss_is_the_hand_computed_smoothed_cross_entropy():
 
 import numpy as np
 import torch
-from fedmech_flwr.api import DIAGNOSTICS, RoundState
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, RoundState
 
 import $name  # noqa: F401  (registers it)
 
@@ -211,7 +212,7 @@ def test_global_norm_of_a_known_model():
 import pytest
 import torch
 import torch.nn.functional as F
-from fedmech_flwr.api import build_model
+from fedmech_flwr.api.model import build_model
 from torch import nn
 
 import $name  # noqa: F401  (registers it)
