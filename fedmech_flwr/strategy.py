@@ -253,9 +253,33 @@ class WeightedFedAvg(FedAvg):
     def average(
         self, server_round: int, contents: list[RecordDict], models: list[NamedArrays], weights: list[float]
     ) -> tuple[NamedArrays, dict[str, int | float]]:
-        """The aggregate of the replies' ``models`` (client weights ``weights``), and this
-        strategy's own metrics of the round, added to the returned MetricRecord (with
-        ``aggregate-seconds``, the server's time to aggregate)."""
+        """The aggregate of one round's replies: what a new aggregation rule overrides (the
+        default is the weighted mean).
+
+        Parameters
+        ----------
+        server_round : int
+        contents : list of flwr.app.RecordDict
+            The replies' contents, for what a client sent besides its weights.
+        models : list of NamedArrays
+            Each client's weights.
+        weights : list of float
+            Each client's weight (``weighting``: its sample count, or 1).
+
+        Returns
+        -------
+        (NamedArrays, dict)
+            The new global model, and this strategy's own metrics of the round (added to the
+            returned MetricRecord, with ``aggregate-seconds``, the server's time to aggregate).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> class Median(WeightedFedAvg):
+        ...     def average(self, server_round, contents, models, weights):
+        ...         return {k: np.median(np.stack([m[k] for m in models]), axis=0).astype(models[0][k].dtype)
+        ...                 for k in models[0]}, {}
+        """
         return weighted_mean(models, weights), {}
 
 

@@ -57,7 +57,26 @@ class FedMechModel(nn.Module):
     _gates: dict[str, tuple[str, str]]
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Penultimate features ``[N, feature_dim]`` (after the last body layer, pooled)."""
+        """The penultimate features, what probes, head realignment, NCM and CCVR read: every
+        model implements it (the head reads them).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The inputs, ``[N, C, H, W]``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, feature_dim]``, after the last body layer (pooled).
+
+        Examples
+        --------
+        >>> import torch
+        >>> class Flat(FedMechModel):
+        ...     def forward_features(self, x):
+        ...         return torch.relu(self.fc1(x.flatten(1)))
+        """
         raise NotImplementedError
 
     def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
