@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmech_flwr.api import CLIENTS, ConfigError, DataInfo, ExperimentConfig, FedMechClient
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("fedbabu", pairs_with=("fedbabu",))

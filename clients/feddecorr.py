@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 EPS = 1e-8
 """Added to each dimension's variance before dividing (the authors' code's eps)."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 ALPHA = "feddyn-alpha"
 """The train config key the strategy sends alpha under."""

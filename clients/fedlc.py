@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @dataclass

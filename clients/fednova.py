@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.api import CLIENTS, FedMechClient, a_norm
+from fedmech_flwr.api._builtin import a_norm
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 A_NORM = "fednova-a-norm"
 """The client metric holding ||a_i||_1."""

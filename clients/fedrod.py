@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmech_flwr.api import CLIENTS, FedMechClient, make_optimizer
+from fedmech_flwr.api._builtin import make_optimizer
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 PERSONAL_ACCURACY = "fedrod-personal-accuracy"
 PERSONAL_HEAD = "personal-head"

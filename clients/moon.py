@@ -38,7 +38,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmech_flwr.api import CLIENTS, FedMechClient, FedMechModel, load_model_arrays
+from fedmech_flwr.api._builtin import load_model_arrays
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
+from fedmech_flwr.api.model import FedMechModel
 
 
 @dataclass

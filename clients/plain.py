@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("plain")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("proximal", pairs_with=("fedprox",))

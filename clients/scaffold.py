@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 CONTROL = "scaffold-c"
 """The ArrayRecord of the train message holding the server's control variate c."""

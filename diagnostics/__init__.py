@@ -1,8 +1,9 @@
 """Diagnostic plug-ins: observers run after aggregation, installed as
 ``fedmech_flwr.builtin.diagnostics``.
 
-How to add one: import what it needs from ``fedmech_flwr.api`` (and nothing else of
-fedmech's, nor another plug-in), subclass ``Diagnostic``, implement ``server_side``
+How to add one: import what it needs from ``fedmech_flwr.api.diagnostic`` and
+``fedmech_flwr.api`` (built-ins also from the private ``fedmech_flwr.api._builtin``; never
+another plug-in), subclass ``Diagnostic``, implement ``server_side``
 (``client_side`` / ``client_side_global`` for work on a client's own data, ``plot``
 for its figures),
 register it with ``@DIAGNOSTICS.register("name", ConfigCls)`` (``check=`` for rules

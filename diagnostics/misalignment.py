@@ -56,43 +56,33 @@ import torch
 from safetensors.numpy import load as load_bytes
 from safetensors.numpy import save as save_bytes
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs, seed_for, torch_generator
+from fedmech_flwr.api._builtin import (
     DEGENERATE_FRACTION,
-    DIAGNOSTICS,
     ClassStats,
     Clock,
-    ConfigError,
     Covariance,
-    DataInfo,
-    Diagnostic,
-    DiagnosticResult,
-    ExperimentConfig,
-    FedMechModel,
-    GlobalContext,
     LinearHead,
     LinearTrainConfig,
-    Metric,
-    Outputs,
-    either,
-    RoundState,
     Scores,
     balanced_split,
     best_epoch,
     ccvr_head,
     ccvr_train_config,
     class_stats,
+    either,
     features,
     features_at,
     head_set_per_class,
     ncm_head,
     one_class,
     score,
-    seed_for,
     tau_normalize,
-    torch_generator,
     train_linear,
     under_powered,
 )
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, GlobalContext, RoundState
+from fedmech_flwr.api.model import FedMechModel
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +346,8 @@ class Misalignment(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.api import class_labels, heatmap, line_plot
+        from fedmech_flwr.api._builtin import class_labels
+        from fedmech_flwr.api.diagnostic import heatmap, line_plot
 
         if not records:
             return []

@@ -21,18 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.api import (
-    COMMANDS,
-    CONFIG_FILE,
-    DEGENERATE_FRACTION,
-    DIAGNOSTICS,
-    Command,
-    ConfigError,
-    Help,
-    lookup,
-    read_records,
-    read_yaml_file,
-)
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api._builtin import CONFIG_FILE, DEGENERATE_FRACTION, lookup, read_records, read_yaml_file
+from fedmech_flwr.api.command import COMMANDS, Command, Help
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS
 
 GAPS = ("probe", "realigned")
 FLAG_NOTE = (f"⚑ one class: the head (or, after a gap, a head behind it) predicts one class for more than "

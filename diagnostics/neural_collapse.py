@@ -46,19 +46,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.api import (
-    DIAGNOSTICS,
-    DataInfo,
-    Diagnostic,
-    DiagnosticResult,
-    ExperimentConfig,
-    FedMechModel,
-    LinearHead,
-    Metric,
-    Outputs,
-    RoundState,
-    features,
-)
+from fedmech_flwr.api import DataInfo, ExperimentConfig, Metric, Outputs
+from fedmech_flwr.api._builtin import LinearHead, features
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.api.model import FedMechModel
 
 METRICS = ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_max_angle", "nc2_classifier_equinorm",
            "nc2_classifier_equiangular", "nc2_classifier_max_angle", "nc3", "nc4")
@@ -172,7 +163,7 @@ class NeuralCollapse(Diagnostic):
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
-        from fedmech_flwr.api import save_figure
+        from fedmech_flwr.api._builtin import save_figure
 
         if not records:
             return []

@@ -50,23 +50,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedmech_flwr.api import (
-    DIAGNOSTICS,
-    Clock,
-    ConfigError,
-    DataInfo,
-    Diagnostic,
-    DiagnosticResult,
-    ExperimentConfig,
-    FedMechModel,
-    Metric,
-    Outputs,
-    RoundState,
-    balanced_split,
-    build_model,
-    features_at,
-    torch_generator,
-)
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs, torch_generator
+from fedmech_flwr.api._builtin import Clock, balanced_split, features_at
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
+from fedmech_flwr.api.model import FedMechModel, build_model
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +238,8 @@ class RepresentationSimilarity(Diagnostic):
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         from matplotlib.figure import Figure
 
-        from fedmech_flwr.api import heatmap, line_plot, save_figure
+        from fedmech_flwr.api._builtin import save_figure
+        from fedmech_flwr.api.diagnostic import heatmap, line_plot
 
         if not records:
             return []

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs, RoundState
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 
 
 @dataclass
@@ -89,7 +90,7 @@ class WeightDivergence(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.api import line_plot
+        from fedmech_flwr.api.diagnostic import line_plot
 
         series: dict[str, dict[str, list[tuple[int, float]]]] = {"relative_distance": {}, "update_cosine": {}, "support_iou": {}}
         for rec in records:

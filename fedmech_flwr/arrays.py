@@ -22,6 +22,7 @@ from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.files import write_atomic
 
 NamedArrays = dict[str, np.ndarray]
+"""A model's (or a state's) arrays by parameter name, in the model's order."""
 
 
 def model_arrays(model: nn.Module) -> NamedArrays:
@@ -44,6 +45,29 @@ def weighted_mean(models: Sequence[NamedArrays], weights: Sequence[float]) -> Na
 
     Each array keeps its dtype: integer buffers (e.g. BatchNorm's ``num_batches_tracked``)
     are rounded back to integers instead of silently becoming float64.
+
+    Parameters
+    ----------
+    models : sequence of NamedArrays
+        The models, each with the same names and shapes.
+    weights : sequence of float
+        One weight per model, summing to a positive number (they are normalised).
+
+    Returns
+    -------
+    NamedArrays
+        The mean, by name, in each array's dtype.
+
+    Raises
+    ------
+    ValueError
+        When the counts differ or the weights do not sum to a positive number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> weighted_mean([{"w": np.array([0.0])}, {"w": np.array([3.0])}], [2, 1])["w"]
+    array([1.])
     """
     if not models or len(models) != len(weights):
         raise ValueError(f"need one weight per model, got {len(models)} models and {len(weights)} weights")
@@ -108,12 +132,42 @@ def non_finite(arrays: NamedArrays) -> list[str]:
 
 
 def to_record(arrays: NamedArrays) -> ArrayRecord:
-    """Named arrays as a Flower ArrayRecord (names and order kept)."""
+    """Named arrays as a Flower ArrayRecord (names and order kept), what a message carries.
+
+    Parameters
+    ----------
+    arrays : NamedArrays
+
+    Returns
+    -------
+    flwr.app.ArrayRecord
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> list(to_record({"fc.weight": np.zeros((2, 3))}))
+    ['fc.weight']
+    """
     return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
 
 
 def from_record(record: ArrayRecord) -> NamedArrays:
-    """A Flower ArrayRecord as named NumPy arrays."""
+    """A Flower ArrayRecord as named NumPy arrays (the inverse of ``to_record``).
+
+    Parameters
+    ----------
+    record : flwr.app.ArrayRecord
+
+    Returns
+    -------
+    NamedArrays
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from_record(to_record({"b": np.ones(2)}))["b"]
+    array([1., 1.])
+    """
     return {k: v.numpy() for k, v in record.items()}
 
 

@@ -101,12 +101,53 @@ class FedMechClient(NumPyClient):
         self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in zip(state, parameters)})
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The local objective; subclasses change it (the default is cross-entropy)."""
+        """The local objective of one batch: what a new client behaviour changes (the default is
+        cross-entropy).
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            The model's output, ``[N, classes]``.
+        y : torch.Tensor
+            The labels, ``[N]``.
+
+        Returns
+        -------
+        torch.Tensor
+            A scalar loss, which local training minimises.
+
+        Examples
+        --------
+        >>> class SmoothLabels(FedMechClient):
+        ...     def loss(self, logits, y):
+        ...         return torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
+        """
         return nn.functional.cross_entropy(logits, y)
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch's ``(loss, logits)``: ``loss`` of the model's logits. A behaviour that
-        needs the penultimate features (``model.forward_features``) overrides this."""
+        """One batch's ``(loss, logits)``: ``loss`` of the model's logits. A behaviour that needs
+        the penultimate features overrides this instead of ``loss`` (MOON, FedDecorr, FedRS).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The inputs, ``[N, C, H, W]``.
+        y : torch.Tensor
+            The labels, ``[N]``.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            The scalar loss and the logits.
+
+        Examples
+        --------
+        >>> class FeatureNorm(FedMechClient):
+        ...     def objective(self, x, y):
+        ...         features = self.model.forward_features(x)
+        ...         logits = self.model.forward_head(features)
+        ...         return self.loss(logits, y) + 1e-3 * features.pow(2).mean(), logits
+        """
         logits = self.model(x)
         return self.loss(logits, y), logits
 

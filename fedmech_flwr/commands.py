@@ -31,6 +31,24 @@ class Help:
 
 @dataclass(frozen=True)
 class Command:
+    """A ``fedmech NAME`` subcommand of a plug-in, registered with
+    ``COMMANDS.register(NAME)(Command(...))``.
+
+    Parameters
+    ----------
+    help : Help
+        Its help texts.
+    add_arguments : callable
+        Adds its arguments to its ``argparse`` parser.
+    run : callable
+        Runs it with the parsed arguments; returns the exit status.
+
+    Examples
+    --------
+    >>> hello = Command(Help("say hello", "Print hello.", ("0  said",), ("fedmech hello", "fedmech hello --help")),
+    ...                 add_arguments=lambda parser: None, run=lambda args: print("hello") or 0)
+    """
+
     help: Help
     add_arguments: Callable[[argparse.ArgumentParser], None]
     """Adds the subcommand's arguments to its parser."""

@@ -210,6 +210,17 @@ def _parse_name(raw: Any, where: str) -> str:
 
 @dataclass
 class ExperimentConfig:
+    """One experiment, validated from its YAML file: what a plug-in's ``check(params, cfg,
+    data, where)`` reads of the rest of the run (``cfg.client.optimizer``,
+    ``cfg.federation.num_rounds``). Every key is in the configuration reference.
+
+    Examples
+    --------
+    >>> def check(params, cfg, data, where):  # a registration's check=
+    ...     if cfg.federation.num_rounds < 2:
+    ...         raise ConfigError("needs at least 2 rounds", where)
+    """
+
     name: str = field(metadata={"parse": _parse_name})
     """Names the run folder, ``<output_root>/<name>-<UTC time>``; a slug, never a path."""
     data: DataConfig

@@ -133,7 +133,7 @@ def check_model(name: str, params: Any = None, *, in_channels: int = 3, image_si
 
     Examples
     --------
-    >>> from fedmech_flwr.api import check_model
+    >>> from fedmech_flwr.api.model import check_model
     >>> check_model("simple_cnn", {"channels": [4, 8]}, in_channels=1, image_size=28)
     """
     kind = "model"
@@ -340,7 +340,7 @@ def check_client(name: str, params: Any = None, *, seed: int = 0) -> None:
 
     Examples
     --------
-    >>> from fedmech_flwr.api import check_client
+    >>> from fedmech_flwr.api.client import check_client
     >>> check_client("proximal")
     """
     _load_builtins()
@@ -439,7 +439,7 @@ def check_strategy(name: str, params: Any = None, *, diagnostics: Sequence[str] 
 
     Examples
     --------
-    >>> from fedmech_flwr.api import check_strategy
+    >>> from fedmech_flwr.api.strategy import check_strategy
     >>> check_strategy("fedavg", {"weighting": "uniform"})
     """
     _load_builtins()
@@ -518,7 +518,7 @@ def check_diagnostic(name: str, params: Any = None, *, seed: int = 0) -> None:
 
     Examples
     --------
-    >>> from fedmech_flwr.api import check_diagnostic
+    >>> from fedmech_flwr.api.diagnostic import check_diagnostic
     >>> check_diagnostic("weight_divergence")
     """
     _load_builtins()

@@ -130,6 +130,22 @@ class GlobalContext:
 
 @dataclass
 class DiagnosticResult:
+    """What a diagnostic returns each round: its metrics (keyed as its ``Outputs`` declares
+    them) and, optionally, arrays to keep.
+
+    Parameters
+    ----------
+    metrics : dict
+        JSON-able values, appended to ``metrics.jsonl``.
+    arrays : dict of str to numpy.ndarray
+        Stored as ``diagnostics/<name>/round_<r>.safetensors``.
+
+    Examples
+    --------
+    >>> DiagnosticResult({"global_norm": 3.2}).metrics
+    {'global_norm': 3.2}
+    """
+
     metrics: dict[str, Any]
     """JSON-able values, appended to metrics.jsonl."""
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
@@ -148,7 +164,25 @@ class Diagnostic:
         self.params = params
 
     def client_side(self, ctx: ClientContext) -> dict[str, Any] | None:
-        """Optional work on a client's own data after local training; a small dict."""
+        """Optional work on a client's own data after its local training, inside the ClientApp:
+        its small result reaches ``server_side`` in ``state.clients[i]``.
+
+        Parameters
+        ----------
+        ctx : ClientContext
+            The client's data, its trained model, the round.
+
+        Returns
+        -------
+        dict or None
+            A small, JSON-able dict (None: nothing).
+
+        Examples
+        --------
+        >>> class LabelCount(Diagnostic):
+        ...     def client_side(self, ctx):
+        ...         return {"labels": int(ctx.y.unique().numel())}
+        """
         return None
 
     def client_side_global(self, ctx: GlobalContext) -> dict[str, Any] | None:
@@ -166,6 +200,26 @@ class Diagnostic:
         return False
 
     def server_side(self, state: RoundState) -> DiagnosticResult:
+        """What a diagnostic measures on the server after each aggregation it runs in: every
+        diagnostic implements it.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round: the new and the previous global model, the clients' updates, what
+            ``client_side`` returned for each.
+
+        Returns
+        -------
+        DiagnosticResult
+            Its metrics (keyed as its ``Outputs`` declares them) and arrays to keep.
+
+        Examples
+        --------
+        >>> class Clients(Diagnostic):
+        ...     def server_side(self, state):
+        ...         return DiagnosticResult({"clients": len(state.clients)})
+        """
         raise NotImplementedError
 
     @classmethod

@@ -65,6 +65,31 @@ def _record_path(path: tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class Metric:
+    """One metric a plug-in records, declared once in its ``Outputs``: where it is in the
+    record and how every view (console, report, CSV, TensorBoard) shows it.
+
+    Parameters
+    ----------
+    label : str
+        What it is, in words.
+    path : tuple of str
+        Keys into the record.
+    unit : str
+        ``%`` and ``pp`` (records hold fractions, shown x 100), ``IoU``, ``R^2`` or any other.
+    decimals : int
+        Places shown.
+    better : {"higher", "lower"}, optional
+        Which way is better, where one is.
+
+    The other fields (``empty``, ``per``, ``per_class``, ``flag``) are documented where they
+    are defined.
+
+    Examples
+    --------
+    >>> Metric("L2 norm of the global model", ("global_norm",), "L2", 3)  # doctest: +ELLIPSIS
+    Metric(label='L2 norm of the global model', ...)
+    """
+
     label: str
     path: tuple[str, ...]
     """Keys into the record."""

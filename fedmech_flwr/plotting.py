@@ -35,10 +35,32 @@ def line_plot(
     lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str, path: Path, ylim: tuple[float, float] | None = None,
     notes: dict[str, dict[int, str]] | None = None, footnote: str | None = None,
 ) -> Path:
-    """One line per series of (round, value) points; a legend when there are few lines.
-    Series with the same points are drawn once, labelled ``a = b``, so no line hides
-    another. ``notes[series][round]`` is written at that point (e.g. how many pairs a
-    mean covers); ``footnote`` goes under the axes."""
+    """One line per series of (round, value) points, written to ``path``: a diagnostic's
+    curves in its ``plot``. A legend when there are few lines; series with the same points
+    are drawn once, labelled ``a = b``, so no line hides another.
+
+    Parameters
+    ----------
+    lines : dict of str to list of (int, float)
+        Each series' (round, value) points.
+    title, ylabel : str
+    path : pathlib.Path
+        The image to write.
+    ylim : (float, float), optional
+    notes : dict, optional
+        ``notes[series][round]``, a text written at that point (how many pairs a mean covers).
+    footnote : str, optional
+        Written under the axes.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Examples
+    --------
+    >>> line_plot({"global_norm": [(1, 3.2), (2, 3.5)]}, "Global norm", "L2", out / "norm.png")  # doctest: +SKIP
+    """
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
     same: dict[tuple, list[str]] = {}
@@ -70,10 +92,44 @@ def heatmap(
     footnote: str | None = None, decimals: int = 2, signed: bool = False,
 ) -> Path:
     """Rows x rounds (or other columns, named by ``xlabel``), each cell labelled with its
-    value (``decimals`` places, with its sign when ``signed``: differences); NaN cells (undefined) are grey. ``notes`` (strings, the matrix's shape) are
-    written under a cell's value, or alone in a grey cell; cells where ``hatch`` is True
-    are hatched (values to read with care, such as IoUs that rest on empty circuits);
-    ``footnote`` goes under the axes."""
+    value, written to ``path``: a diagnostic's per-class or per-layer values in its ``plot``.
+    NaN cells (undefined) are grey.
+
+    Parameters
+    ----------
+    matrix : numpy.ndarray
+        Rows x columns.
+    rounds : list of int
+        The columns' labels.
+    row_labels : list of str
+    title : str
+    path : pathlib.Path
+        The image to write.
+    vmin, vmax : float
+        The colour scale's ends.
+    cmap : str
+        A matplotlib colormap.
+    notes : numpy.ndarray of str, optional
+        The matrix's shape: written under a cell's value, or alone in a grey cell.
+    hatch : numpy.ndarray of bool, optional
+        Cells to hatch (values to read with care, such as IoUs that rest on empty circuits).
+    xlabel : str
+    footnote : str, optional
+        Written under the axes.
+    decimals : int
+        Places of each cell's value.
+    signed : bool
+        Show each value's sign (differences).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Examples
+    --------
+    >>> heatmap(accuracy, [1, 2, 3], ["cat", "dog"], "Per-class accuracy", out / "acc.png")  # doctest: +SKIP
+    """
     longest = max((len(line) for r in rounds for line in str(r).split("\n")), default=0)  # long column labels widen
     column = max(0.45, 0.075 * longest)
     fig = Figure(figsize=(max(6.0, column * len(rounds) + 3), 0.38 * len(row_labels) + 1.8), layout="constrained")

@@ -88,21 +88,23 @@ _TOLD: set[str] = set()
 
 
 def check_api_only(module: ModuleType) -> None:
-    """One warning line, once per process, for a plug-in module whose source imports a core
-    module other than ``fedmech_flwr.api`` (``fedmech_flwr.hooks``, ``.strategy``, ...):
-    those change without notice, the api does not. Logged, since Python's default filters
+    """One warning line, once per process, for a plug-in module whose source imports a
+    module of fedmech's outside the public API (``fedmech_flwr.hooks``, ``.strategy``, the
+    built-ins' private ``fedmech_flwr.api._builtin``, ...): those change without notice,
+    the API does not. Logged, since Python's default filters
     hide a DeprecationWarning raised outside ``__main__``; the source is read, never run."""
     if module.__name__ in _TOLD or not (internal := internal_imports(module)):
         return
     _TOLD.add(module.__name__)
     log.warning("plug-in %s imports %s: internal modules, which change without notice; import what it needs from "
-                "fedmech_flwr.api instead (its __all__ lists every name a plug-in may use)",
+                "fedmech_flwr.api and its role modules instead (fedmech_flwr.api.strategy, ...: their __all__ list "
+                "every name a plug-in may use)",
                 module.__name__, ", ".join(internal))
 
 
 def internal_imports(module: ModuleType) -> list[str]:
-    """The ``fedmech_flwr`` modules other than the api that ``module``'s source imports,
-    read from its syntax tree (none where its source cannot be read)."""
+    """The ``fedmech_flwr`` modules outside the public API (``is_public``) that ``module``'s
+    source imports, read from its syntax tree (none where its source cannot be read)."""
     try:
         tree = ast.parse(inspect.getsource(module))
     except (OSError, TypeError, SyntaxError):
@@ -112,10 +114,17 @@ def internal_imports(module: ModuleType) -> list[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.update([f"{node.module}.{alias.name}" for alias in node.names] if node.module == "fedmech_flwr"
-                         else [node.module])
-    return sorted(n for n in names if n.partition(".")[0] == "fedmech_flwr" and n != "fedmech_flwr.api"
-                  and n != "fedmech_flwr")
+            names.update([f"{node.module}.{alias.name}" for alias in node.names]
+                         if node.module in ("fedmech_flwr", "fedmech_flwr.api") else [node.module])
+    return sorted(n for n in names if n.partition(".")[0] == "fedmech_flwr" and not is_public(n))
+
+
+def is_public(module: str) -> bool:
+    """``fedmech_flwr`` itself, ``fedmech_flwr.api`` or one of its role modules (a name
+    imported from the api counts as the api); not a private ``_`` module under it."""
+    parts = module.split(".")
+    return module == "fedmech_flwr" or (parts[:2] == ["fedmech_flwr", "api"]
+                                        and not any(p.startswith("_") for p in parts[2:]))
 
 
 def _why(module: str, err: Exception) -> str:

@@ -121,10 +121,43 @@ class Registry(Generic[F]):
         module: str | None = None,
         outputs: Any = None,
     ) -> Callable[[F], F]:
-        """Decorator: register ``factory`` under ``name`` with its config dataclass (and
-        optionally its partners, its ``check`` and its ``outputs``, see ``Entry``).
-        ``module`` (default: the module calling this) is recorded as the entry's, with the
-        ``source`` it was loaded by."""
+        """Decorator: register a plug-in under ``name``, the one way every role registers
+        (``@STRATEGIES.register("median")``, ``@CLIENTS.register("my_client", MyConfig)``).
+
+        Parameters
+        ----------
+        name : str
+            What an experiment selects it by (``strategy: {name: median}``); unique in the registry.
+        config_cls : dataclass type, optional
+            Its parameters, validated from the experiment (None: it takes none).
+        pairs_with : tuple of str
+            The partners it needs (a client's strategies, a strategy's clients), checked at
+            validation.
+        check : callable, optional
+            ``check(params, cfg, data, where)``: rules between its parameters and the experiment
+            or the data, raising a ``ConfigError`` naming ``where``; every validation runs it.
+        module : str, optional
+            The module recorded as the entry's (default: the one calling this).
+        outputs : Outputs, optional
+            The metrics it records, so that every view shows them.
+
+        Returns
+        -------
+        callable
+            The decorator, which registers the factory (or class) and returns it unchanged.
+
+        Raises
+        ------
+        ConfigError
+            When ``name`` is registered already (naming both origins).
+
+        Examples
+        --------
+        >>> from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, WeightedFedAvg
+        >>> @STRATEGIES.register("uniform_avg")
+        ... def uniform_avg(params, ctx):
+        ...     return WeightedFedAvg(weighting="uniform", **OFFERED_NODES_ONLY)
+        """
         module = module or sys._getframe(1).f_globals.get("__name__", "?")  # the module body registering
         source = _sources[-1] if _sources else BUILT_IN
 

@@ -34,8 +34,30 @@ import torch
 
 
 def seed_for(run_seed: int, purpose: str, partition_id: int | None = None, server_round: int | None = None) -> int:
-    """The seed (0 <= seed < 2**63) of the stream named ``purpose``, for one partition
-    and round where the stream has them (None where it has not)."""
+    """The seed of the stream named ``purpose``: a plug-in's randomness comes from the
+    run's seed through a named stream, never from the process-wide generators, so a run
+    replays exactly whatever else draws numbers.
+
+    Parameters
+    ----------
+    run_seed : int
+        The experiment's seed (``ctx.seed``, ``cfg.seed``).
+    purpose : str
+        The stream's name, unique to its use (``"my_probe.split"``): two purposes never share
+        a stream.
+    partition_id, server_round : int or None
+        The client and round the stream is for, where it has them.
+
+    Returns
+    -------
+    int
+        A seed, ``0 <= seed < 2**63``, the same for the same arguments on every machine.
+
+    Examples
+    --------
+    >>> seed_for(0, "my_probe.split", partition_id=3) == seed_for(0, "my_probe.split", partition_id=3)
+    True
+    """
     key = json.dumps([int(run_seed), purpose, *(None if v is None else int(v) for v in (partition_id, server_round))])
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
 
@@ -43,14 +65,54 @@ def seed_for(run_seed: int, purpose: str, partition_id: int | None = None, serve
 def numpy_rng(
     run_seed: int, purpose: str, partition_id: int | None = None, server_round: int | None = None
 ) -> np.random.Generator:
-    """A NumPy generator seeded by ``seed_for``."""
+    """A NumPy generator of the stream named ``purpose`` (seeded by ``seed_for``).
+
+    Parameters
+    ----------
+    run_seed : int
+        The experiment's seed (``ctx.seed``, ``cfg.seed``).
+    purpose : str
+        The stream's name, unique to its use (``"my_probe.split"``): two purposes never share
+        a stream.
+    partition_id, server_round : int or None
+        The client and round the stream is for, where it has them.
+
+    Returns
+    -------
+    numpy.random.Generator
+
+    Examples
+    --------
+    >>> rng = numpy_rng(0, "my_diagnostic.sample", server_round=2)
+    >>> picked = rng.choice(10, size=3, replace=False)
+    """
     return np.random.default_rng(seed_for(run_seed, purpose, partition_id, server_round))
 
 
 def torch_generator(
     run_seed: int, purpose: str, partition_id: int | None = None, server_round: int | None = None
 ) -> torch.Generator:
-    """A CPU torch generator seeded by ``seed_for``."""
+    """A CPU torch generator of the stream named ``purpose`` (seeded by ``seed_for``).
+
+    Parameters
+    ----------
+    run_seed : int
+        The experiment's seed (``ctx.seed``, ``cfg.seed``).
+    purpose : str
+        The stream's name, unique to its use (``"my_probe.split"``): two purposes never share
+        a stream.
+    partition_id, server_round : int or None
+        The client and round the stream is for, where it has them.
+
+    Returns
+    -------
+    torch.Generator
+
+    Examples
+    --------
+    >>> import torch
+    >>> order = torch.randperm(100, generator=torch_generator(0, "my_probe.order"))
+    """
     return torch.Generator().manual_seed(seed_for(run_seed, purpose, partition_id, server_round))
 
 

@@ -142,8 +142,29 @@ CLIENT_QUERIES: Registry[Callable[[QueryContext], RecordDict]] = Registry("clien
 
 
 def uploaded(reply: Message, name: str) -> NamedArrays:
-    """The arrays a train reply's client uploaded under ``name`` (``FedMechClient.upload``);
-    a RuntimeError naming the client's plug-in pairing when it sent none."""
+    """The arrays a train reply's client uploaded under ``name`` (``FedMechClient.upload``):
+    how a strategy reads what its paired client sends besides its weights.
+
+    Parameters
+    ----------
+    reply : flwr.app.Message
+        One train reply, as ``aggregate_train`` gets it.
+    name : str
+        The name the client uploaded under (SCAFFOLD's ``"control-delta"``).
+
+    Returns
+    -------
+    NamedArrays
+
+    Raises
+    ------
+    RuntimeError
+        When the client sent none: the message names the plug-in pairing the strategy needs.
+
+    Examples
+    --------
+    >>> deltas = [uploaded(reply, "control-delta") for reply in replies]  # doctest: +SKIP
+    """
     report = reply.content.config_records[REPORT_KEY]
     if UPLOAD_PREFIX + name not in report:
         raise RuntimeError(f"client {report['partition-id']} uploaded no '{name}' arrays: the strategy needs the "
@@ -159,6 +180,20 @@ def parameter_names(ctx: StrategyContext) -> list[str]:
 
 @dataclass
 class FedAvgConfig:
+    """The ``fedavg`` strategy's parameters, and those of the methods whose server averages
+    as FedAvg does.
+
+    Parameters
+    ----------
+    weighting : {"examples", "uniform"}
+        ``examples`` weighs each client by its sample count (canonical FedAvg).
+
+    Examples
+    --------
+    >>> FedAvgConfig(weighting="uniform")
+    FedAvgConfig(weighting='uniform')
+    """
+
     weighting: Literal["examples", "uniform"] = "examples"
     """``examples`` is canonical FedAvg (weights proportional to local sample counts);
     ``uniform`` averages clients equally, as the paper's code does."""
@@ -219,9 +254,33 @@ class WeightedFedAvg(FedAvg):
     def average(
         self, server_round: int, contents: list[RecordDict], models: list[NamedArrays], weights: list[float]
     ) -> tuple[NamedArrays, dict[str, int | float]]:
-        """The aggregate of the replies' ``models`` (client weights ``weights``), and this
-        strategy's own metrics of the round, added to the returned MetricRecord (with
-        ``aggregate-seconds``, the server's time to aggregate)."""
+        """The aggregate of one round's replies: what a new aggregation rule overrides (the
+        default is the weighted mean).
+
+        Parameters
+        ----------
+        server_round : int
+        contents : list of flwr.app.RecordDict
+            The replies' contents, for what a client sent besides its weights.
+        models : list of NamedArrays
+            Each client's weights.
+        weights : list of float
+            Each client's weight (``weighting``: its sample count, or 1).
+
+        Returns
+        -------
+        (NamedArrays, dict)
+            The new global model, and this strategy's own metrics of the round (added to the
+            returned MetricRecord, with ``aggregate-seconds``, the server's time to aggregate).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> class Median(WeightedFedAvg):
+        ...     def average(self, server_round, contents, models, weights):
+        ...         return {k: np.median(np.stack([m[k] for m in models]), axis=0).astype(models[0][k].dtype)
+        ...                 for k in models[0]}, {}
+        """
         return weighted_mean(models, weights), {}
 
 

@@ -26,9 +26,28 @@ def server_identity(run_id: int = 1) -> None:
 
 
 def train_replies(models: list[NamedArrays], num_examples: list[int]) -> list[Message]:
-    """Mocked clients' train replies, as the ClientApp sends them (its weights ``models[i]``
-    and ``num-examples``), from nodes 1000, 1001, ...: what a strategy's
-    ``aggregate_train`` gets, for tests against a hand-computed aggregate."""
+    """Mocked clients' train replies, as the ClientApp sends them: what a strategy's
+    ``aggregate_train`` gets, for a test against a hand-computed aggregate (no SuperLink, no Ray).
+
+    Parameters
+    ----------
+    models : list of NamedArrays
+        Each client's weights.
+    num_examples : list of int
+        Each client's ``num-examples``.
+
+    Returns
+    -------
+    list of flwr.app.Message
+        One reply per client, from nodes 1000, 1001, ...
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> replies = train_replies([{"w": np.zeros(2)}, {"w": np.ones(2)}], [1, 3])
+    >>> len(replies)
+    2
+    """
     server_identity()
     replies = []
     for i, (arrays, count) in enumerate(zip(models, num_examples, strict=True)):

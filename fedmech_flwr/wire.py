@@ -35,8 +35,33 @@ partition id)."""
 def query_nodes(
     grid: Grid, node_ids: Iterable[int], action: str, arrays: ArrayRecord, config: ConfigRecord, timeout: float
 ) -> Iterable[Message]:
-    """Send ``query.<action>`` with ``arrays`` and ``config`` to every node; return the
-    replies that arrived within ``timeout`` (errors included)."""
+    """Send ``query.<action>`` to every node and collect the replies: how a strategy has the
+    ClientApps run a client query (``CLIENT_QUERIES``) on their own data.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The grid the strategy's ``start`` was given.
+    node_ids : iterable of int
+        The nodes to ask.
+    action : str
+        The name the query handler is registered under in ``CLIENT_QUERIES``.
+    arrays : flwr.app.ArrayRecord
+        Sent to every node (the global model, say).
+    config : flwr.app.ConfigRecord
+        Sent to every node.
+    timeout : float
+        Seconds to wait for the replies.
+
+    Returns
+    -------
+    iterable of flwr.app.Message
+        The replies that arrived within ``timeout`` (errors included).
+
+    Examples
+    --------
+    >>> replies = query_nodes(grid, grid.get_node_ids(), "class-stats", arrays, ConfigRecord(), 60.0)  # doctest: +SKIP
+    """
     messages = [
         Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=f"{MessageType.QUERY}.{action}")
         for node in node_ids

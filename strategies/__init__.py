@@ -1,8 +1,9 @@
 """Strategy plug-ins: Flower strategies registered in ``STRATEGIES``, installed as
 ``fedmech_flwr.builtin.strategies``.
 
-How to add one: import what it needs from ``fedmech_flwr.api`` (and nothing else of
-fedmech's, nor another plug-in), subclass ``WeightedFedAvg`` or another Flower strategy,
+How to add one: import what it needs from ``fedmech_flwr.api.strategy`` and
+``fedmech_flwr.api`` (built-ins also from the private ``fedmech_flwr.api._builtin``; never
+another plug-in), subclass ``WeightedFedAvg`` or another Flower strategy,
 override one step (the way Flower's FedProx overrides ``configure_train``), write a
 factory ``f(params, ctx) -> Strategy`` that passes ``**OFFERED_NODES_ONLY``, register it
 with ``@STRATEGIES.register("name", ConfigCls)`` (``pairs_with=`` when it needs a

@@ -32,20 +32,15 @@ from typing import Literal
 import numpy as np
 from flwr.app import RecordDict
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, numpy_rng
+from fedmech_flwr.api._builtin import REPORT_KEY, decode_results, unpack_masks
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
-    REPORT_KEY,
     STRATEGIES,
-    ConfigError,
-    DataInfo,
-    ExperimentConfig,
     FedAvgConfig,
     NamedArrays,
     StrategyContext,
     WeightedFedAvg,
-    decode_results,
-    numpy_rng,
-    unpack_masks,
     weighted_mean,
 )
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from fedmech_flwr.api import CLIENT_QUERIES, QueryContext, class_stats, features, to_record
+from fedmech_flwr.api._builtin import class_stats, features
+from fedmech_flwr.api.strategy import CLIENT_QUERIES, QueryContext, to_record
 
 CLASS_STATS_ACTION = "class_stats"
 """``query.class_stats``: a client's per-class feature statistics of the sent model."""

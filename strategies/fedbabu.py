@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
     STRATEGIES,
     FedAvgConfig,

@@ -10,7 +10,9 @@ direction).
 
 from __future__ import annotations
 
-from fedmech_flwr.api import STRATEGIES, FedAvgConfig, Metric, Outputs, weighted_fedavg
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api._builtin import weighted_fedavg
+from fedmech_flwr.api.strategy import STRATEGIES, FedAvgConfig
 
 OUTPUTS = Outputs("FedDecorr (strategy)", {
     "feddecorr_loss": Metric("FedDecorr ||K||_F^2 / d^2 of the clients' features (mean)", ("feddecorr_loss",),

@@ -37,20 +37,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api._builtin import SENT_ACCURACY, all_of, dense_only, l2_norm, parameter_names, plain_sgd_only
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
-    SENT_ACCURACY,
     STRATEGIES,
-    Metric,
     NamedArrays,
-    Outputs,
     StrategyContext,
     WeightedFedAvg,
-    all_of,
-    dense_only,
-    l2_norm,
-    parameter_names,
-    plain_sgd_only,
     weighted_mean,
 )
 

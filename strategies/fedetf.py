@@ -35,20 +35,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, numpy_rng
+from fedmech_flwr.api.model import FedMechModel, build_model
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
     STRATEGIES,
-    ConfigError,
-    DataInfo,
-    ExperimentConfig,
     FedAvgConfig,
-    FedMechModel,
     NamedArrays,
     StrategyContext,
     WeightedFedAvg,
-    build_model,
     from_record,
-    numpy_rng,
     to_record,
 )
 

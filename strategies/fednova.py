@@ -25,19 +25,15 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import RecordDict
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api._builtin import all_of, dense_only, parameter_names, sgd_only
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
     STRATEGIES,
     FedAvgConfig,
-    Metric,
     NamedArrays,
-    Outputs,
     StrategyContext,
     WeightedFedAvg,
-    all_of,
-    dense_only,
-    parameter_names,
-    sgd_only,
     weighted_mean,
 )
 

@@ -59,19 +59,16 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api._builtin import cast, l2_norm, parameter_names
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
     STRATEGIES,
     FedAvgConfig,
-    Metric,
     NamedArrays,
-    Outputs,
     StrategyContext,
     WeightedFedAvg,
-    cast,
     from_record,
-    l2_norm,
-    parameter_names,
     to_record,
 )
 

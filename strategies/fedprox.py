@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from flwr.serverapp.strategy import FedProx
 
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
 
 
 @dataclass

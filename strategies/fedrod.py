@@ -9,15 +9,8 @@ evaluates is the body with the generic head.
 
 from __future__ import annotations
 
-from fedmech_flwr.api import (
-    OFFERED_NODES_ONLY,
-    STRATEGIES,
-    FedAvgConfig,
-    Metric,
-    Outputs,
-    StrategyContext,
-    WeightedFedAvg,
-)
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, StrategyContext, WeightedFedAvg
 
 KEY = "fedrod-personal-accuracy"
 """The metric the ``fedrod`` client sends (declared as sent: ``Outputs`` applies the records' key rule)."""

@@ -9,7 +9,8 @@ client that would silently train plain FedAvg.
 
 from __future__ import annotations
 
-from fedmech_flwr.api import STRATEGIES, FedAvgConfig, weighted_fedavg
+from fedmech_flwr.api._builtin import weighted_fedavg
+from fedmech_flwr.api.strategy import STRATEGIES, FedAvgConfig
 
 
 STRATEGIES.register("fedrs", FedAvgConfig, pairs_with=("fedrs",))(weighted_fedavg)

@@ -36,21 +36,17 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig
+from fedmech_flwr.api._builtin import ChannelGroup, join_key
+from fedmech_flwr.api.model import FedMechModel, build_model
+from fedmech_flwr.api.strategy import (
     OFFERED_NODES_ONLY,
     STRATEGIES,
-    ChannelGroup,
-    ConfigError,
-    DataInfo,
-    ExperimentConfig,
     FedAvgConfig,
-    FedMechModel,
     NamedArrays,
     StrategyContext,
     WeightedFedAvg,
-    build_model,
     from_record,
-    join_key,
     weighted_mean,
 )
 

@@ -10,7 +10,9 @@ model, in its first round, leaves the term out).
 
 from __future__ import annotations
 
-from fedmech_flwr.api import STRATEGIES, FedAvgConfig, Metric, Outputs, weighted_fedavg
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api._builtin import weighted_fedavg
+from fedmech_flwr.api.strategy import STRATEGIES, FedAvgConfig
 
 OUTPUTS = Outputs("MOON (strategy)", {
     "moon_contrastive_loss": Metric("MOON contrastive loss l_con (clients' mean)", ("moon_contrastive_loss",),

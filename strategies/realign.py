@@ -28,34 +28,34 @@ from dataclasses import dataclass, field
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from fedmech_flwr.api import (
-    OFFERED_NODES_ONLY,
-    STRATEGIES,
+from fedmech_flwr.api import DataInfo, ExperimentConfig, torch_generator
+from fedmech_flwr.api._builtin import (
     ClassStats,
     Covariance,
-    DataInfo,
-    ExperimentConfig,
-    FedAvgConfig,
-    FedMechModel,
     LinearHead,
     LinearTrainConfig,
-    StrategyContext,
-    WeightedFedAvg,
     balanced_split,
     best_epoch,
     ccvr_head,
     ccvr_train_config,
     features,
-    from_record,
     head_set_per_class,
     join_key,
     model_arrays,
     ncm_head,
-    query_nodes,
     tau_normalize,
-    to_record,
-    torch_generator,
     train_linear,
+)
+from fedmech_flwr.api.model import FedMechModel
+from fedmech_flwr.api.strategy import (
+    OFFERED_NODES_ONLY,
+    STRATEGIES,
+    FedAvgConfig,
+    StrategyContext,
+    WeightedFedAvg,
+    from_record,
+    query_nodes,
+    to_record,
 )
 
 log = logging.getLogger(__name__)

@@ -10,24 +10,11 @@ import torch
 from torch import nn
 
 from fedmech_flwr import plugins
-from fedmech_flwr.api import (
-    CLIENTS,
-    DIAGNOSTICS,
-    MODELS,
-    OFFERED_NODES_ONLY,
-    STRATEGIES,
-    Diagnostic,
-    DiagnosticResult,
-    FedMechClient,
-    FedMechModel,
-    Metric,
-    Outputs,
-    WeightedFedAvg,
-    check_client,
-    check_diagnostic,
-    check_model,
-    check_strategy,
-)
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.client import CLIENTS, FedMechClient, check_client
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, check_diagnostic
+from fedmech_flwr.api.model import MODELS, FedMechModel, check_model
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, WeightedFedAvg, check_strategy
 
 plugins.load()
 

@@ -7,8 +7,8 @@ import pytest
 
 from fedmech_flwr.arrays import from_record, load_arrays, save_arrays, weighted_mean
 from fedmech_flwr import plugins
-from fedmech_flwr.api import FedAvgConfig, WeightedFedAvg
-from fedmech_flwr.api import weighted_fedavg as fedavg
+from fedmech_flwr.api.strategy import FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.strategy import weighted_fedavg as fedavg
 from fedmech_flwr.strategy import STRATEGIES
 
 NUM_EXAMPLES = [10, 30, 60]

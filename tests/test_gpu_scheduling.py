@@ -40,7 +40,7 @@ import time
 
 import ray
 
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 from fedmech_flwr.training import resolve_device
 
 

@@ -1,9 +1,10 @@
 """The import graph of the whole installed tree: the core's modules import each other
 without a circle, lazy imports included, in layers that point one way; the core imports no
 plug-in (only the plug-in loader names them); a plug-in imports nothing of fedmech's but
-``fedmech_flwr.api`` (neither the app nor the tools, nor another plug-in, nor another core
-module); each rule fails on a planted violation; and a ClientApp imports nothing that only
-the server uses.
+``fedmech_flwr.api`` and its modules (neither the app nor the tools, nor another plug-in, nor
+another core module); only the built-in plug-ins import the API's private module
+``fedmech_flwr.api._builtin``; each rule fails on a planted violation; and a ClientApp
+imports nothing that only the server uses.
 
 The tree is read as ``pyproject.toml`` installs it (``[tool.setuptools] packages`` and
 ``package-dir``): the built-in plug-ins under ``fedmech_flwr.builtin``."""
@@ -26,6 +27,9 @@ FOLDERS = ("clients", "strategies", "diagnostics")
 repository's root is on ``sys.path``), they would be a second copy of their plug-ins."""
 LOADER = "fedmech_flwr.plugins"
 """The one core module that names the built-in plug-in packages (it imports them by name)."""
+API = "fedmech_flwr.api"
+PRIVATE = "fedmech_flwr.api._builtin"
+"""What the built-in plug-ins use beyond the public API: theirs alone."""
 DEPRECATED = {"fedmech_flwr.flower": {"fedmech_flwr.app.flower"}}
 """Old public paths kept for one release, each importing only its new home."""
 
@@ -74,16 +78,21 @@ def core_violations(graph: dict[str, set[str]]) -> list[str]:
     return sorted(wrong)
 
 
+def is_api(module: str) -> bool:
+    return module == API or module.startswith(API + ".")
+
+
 def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
     """A built-in plug-in module that imports anything of fedmech's but ``fedmech_flwr.api``
-    and its own plug-in's modules (a plug-in package's ``__init__``: the plug-ins it lists)."""
+    (its role modules and its private module included) and its own plug-in's modules (a
+    plug-in package's ``__init__``: the plug-ins it lists)."""
     wrong = []
     for module, targets in graph.items():
         if not is_plugin(module):
             continue
         unit = plugin_unit(module)
         for target in sorted(t for t in targets if is_fedmech(t)):
-            if target == "fedmech_flwr.api" or plugin_unit(target) == unit:
+            if is_api(target) or plugin_unit(target) == unit:
                 continue
             if module.count(".") == 2 and target.startswith(module + "."):  # a plug-in package's list
                 continue
@@ -97,6 +106,14 @@ def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
                 why = "a core module other than fedmech_flwr.api"
             wrong.append(f"{module} -> {target}: {why}")
     return sorted(wrong)
+
+
+def private_api_violations(graph: dict[str, set[str]]) -> list[str]:
+    """A module other than a built-in plug-in (the core, a user's package) that imports the
+    API's private module: what it holds may change in any release."""
+    return sorted(f"{module} -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your own imports "
+                  f"{API} and its role modules" for module, targets in graph.items()
+                  if PRIVATE in targets and not is_plugin(module))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -161,7 +178,12 @@ def test_the_core_imports_no_plugin_and_its_layers_import_one_way(graph):
 
 def test_plugins_import_only_the_api_and_their_own_modules(graph):
     assert plugin_violations(graph) == []
-    assert sum("fedmech_flwr.api" in targets for m, targets in graph.items() if is_plugin(m)) > 30  # read
+    assert sum(any(map(is_api, targets)) for m, targets in graph.items() if is_plugin(m)) > 30  # read
+
+
+def test_only_the_builtin_plugins_import_the_private_api(graph):
+    assert private_api_violations(graph) == []
+    assert {PRIVATE, f"{API}.strategy"} <= graph[f"{BUILTIN}.strategies.fednova"]  # read
 
 
 def named_strings(path: Path) -> set[str]:
@@ -200,20 +222,23 @@ def test_find_cycle_finds_a_known_circle():
 PLANTED = {
     "pyproject.toml": """
 [tool.setuptools]
-packages = ["fedmech_flwr", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_flwr.builtin",
+packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_flwr.builtin",
             "fedmech_flwr.builtin.strategies", "fedmech_flwr.builtin.diagnostics",
-            "fedmech_flwr.builtin.diagnostics.probe"]
+            "fedmech_flwr.builtin.diagnostics.probe", "my_lab"]
 
 [tool.setuptools.package-dir]
 "fedmech_flwr.builtin.strategies" = "strategies"
 "fedmech_flwr.builtin.diagnostics" = "diagnostics"
 """,
     "fedmech_flwr/__init__.py": "",
-    "fedmech_flwr/api.py": "from fedmech_flwr.registry import Registry\n",
+    "fedmech_flwr/api/__init__.py": "from fedmech_flwr.registry import Registry\n",
+    "fedmech_flwr/api/strategy.py": "from fedmech_flwr.registry import Registry\n",
+    "fedmech_flwr/api/_builtin.py": "from fedmech_flwr.registry import Registry\n",
     "fedmech_flwr/registry.py": "class Registry: ...\n",
     "fedmech_flwr/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
     "fedmech_flwr/hooks.py": "import strategies.mean  # the same, by its folder's name\n",
-    "fedmech_flwr/stats.py": "from fedmech_flwr.tools import cli  # the core on the tools\n",
+    "fedmech_flwr/stats.py": ("from fedmech_flwr.tools import cli  # the core on the tools\n"
+                              "from fedmech_flwr.api._builtin import Registry  # the core on the private api\n"),
     "fedmech_flwr/plugins.py": "import importlib\n",
     "fedmech_flwr/builtin/__init__.py": "",
     "fedmech_flwr/app/__init__.py": "",
@@ -221,7 +246,9 @@ packages = ["fedmech_flwr", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_f
     "fedmech_flwr/tools/__init__.py": "",
     "fedmech_flwr/tools/cli.py": "from fedmech_flwr.app import run\n",
     "strategies/__init__.py": "from . import mean, median  # its list: allowed\n",
-    "strategies/mean.py": "import numpy as np\n\nfrom fedmech_flwr.api import Registry  # allowed\n",
+    "strategies/mean.py": ("import numpy as np\n\nfrom fedmech_flwr.api import Registry  # allowed\n"
+                           "from fedmech_flwr.api.strategy import Registry  # allowed\n"
+                           "from fedmech_flwr.api._builtin import Registry  # a built-in: allowed\n"),
     "strategies/median.py": ("from fedmech_flwr.app.run import Registry\n"
                              "from fedmech_flwr.registry import Registry\n"
                              "from .mean import np\n"
@@ -231,6 +258,9 @@ packages = ["fedmech_flwr", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_f
     "diagnostics/probe/__init__.py": "",
     "diagnostics/probe/core.py": "from . import heads  # its own package: allowed\nfrom ..probe.heads import x\n",
     "diagnostics/probe/heads.py": "from fedmech_flwr.api import Registry\nfrom ...strategies import mean\nx = 1\n",
+    "my_lab/__init__.py": "",
+    "my_lab/median.py": ("from fedmech_flwr.api.strategy import Registry  # a user's plug-in: allowed\n"
+                         "from fedmech_flwr.api import _builtin  # a user's plug-in on the private api\n"),
 }
 
 
@@ -254,6 +284,16 @@ def test_a_core_module_importing_a_plugin_or_a_higher_layer_is_caught(planted):
         "by name)",
         f"fedmech_flwr.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, by name)",
         "fedmech_flwr.stats -> fedmech_flwr.tools.cli: core imports tools",
+    ]
+
+
+def test_a_users_plugin_or_the_core_importing_the_private_api_is_caught(planted):
+    assert planted[f"{BUILTIN}.strategies.mean"] >= {"fedmech_flwr.api", "fedmech_flwr.api.strategy", PRIVATE}
+    assert private_api_violations(planted) == [
+        f"fedmech_flwr.stats -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your own imports "
+        "fedmech_flwr.api and its role modules",
+        f"my_lab.median -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your own imports "
+        "fedmech_flwr.api and its role modules",
     ]
 
 

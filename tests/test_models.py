@@ -15,7 +15,7 @@ from torch import nn
 
 from fedmech_flwr.contracts import check_model
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import MODELS, WrappedModel, build_model, register_module, wrap_module
+from fedmech_flwr.models import MODELS, WrappedModel, build_model, wrap_module
 
 
 @dataclass
@@ -23,15 +23,16 @@ class UserMLPConfig:
     hidden: list[int] = field(default_factory=lambda: [16, 8])
 
 
-@register_module("user_mlp", UserMLPConfig)
-def user_mlp(cfg: UserMLPConfig, *, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+@MODELS.register("user_mlp", UserMLPConfig)
+def user_mlp(cfg: UserMLPConfig, *, in_channels: int, num_classes: int, image_size: int) -> WrappedModel:
     """A user's MLP, registered as a plug-in would: flatten, Linear + BatchNorm1d + ReLU,
     then Linear + ReLU per further hidden layer, a linear head."""
     widths = [in_channels * image_size**2, *cfg.hidden]
     layers: list[nn.Module] = [nn.Flatten()]
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers += [nn.Linear(a, b), *([nn.BatchNorm1d(b)] if i == 0 else []), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(widths[-1], num_classes))
+    module = nn.Sequential(*layers, nn.Linear(widths[-1], num_classes))
+    return wrap_module(module, input_shape=(in_channels, image_size, image_size))
 
 
 SMALL_CONFIGS = {
@@ -216,13 +217,14 @@ def test_a_bad_head_names_the_code_that_named_it(head, match):
 
 
 def test_a_bad_head_of_a_registered_module_names_the_registration(tmp_path):
-    """A plug-in's ``register_module(..., head=...)``: its file and line; the torchvision
-    model's ``head`` is a key of the experiment: ``model.head``."""
+    """A plug-in's ``wrap_module(..., head=...)`` in its registered builder: its file and
+    line; the torchvision model's ``head`` is a key of the experiment: ``model.head``."""
     source = tmp_path / "lab_models.py"
-    source.write_text("from torch import nn\n\nfrom fedmech_flwr.api import register_module\n\n\n"
-                      "@register_module('lab_bad_head', head='fcc')\n"
+    source.write_text("from torch import nn\n\nfrom fedmech_flwr.api.model import MODELS, wrap_module\n\n\n"
+                      "@MODELS.register('lab_bad_head')\n"
                       "def lab_bad_head(cfg, *, in_channels, num_classes, image_size):\n"
-                      "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, num_classes))\n")
+                      "    module = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, num_classes))\n"
+                      "    return wrap_module(module, input_shape=(in_channels, image_size, image_size), head='fcc')\n")
     spec = importlib.util.spec_from_file_location("lab_models", source)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     try:
@@ -230,7 +232,7 @@ def test_a_bad_head_of_a_registered_module_names_the_registration(tmp_path):
             build_model("lab_bad_head", {}, in_channels=1, num_classes=3, image_size=4)
     finally:
         MODELS._entries.pop("lab_bad_head")
-    assert err.value.message.startswith(f"model 'lab_bad_head' registered with head='fcc' at lab_models ({source}:6): "
+    assert err.value.message.startswith(f"wrap_module(head='fcc') at lab_models ({source}:9): "
                                         "the module has no submodule 'fcc'"), err.value.message
     assert err.value.where == "model"
     with pytest.raises(ConfigError, match="no submodule 'fcc'; did you mean 'fc'") as err:

@@ -24,7 +24,8 @@ from fedmech_flwr.tools.status import run_status
 LAB = '''
 from dataclasses import dataclass
 
-from fedmech_flwr.api import DIAGNOSTICS, STRATEGIES, Diagnostic
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic
+from fedmech_flwr.api.strategy import STRATEGIES
 
 
 @DIAGNOSTICS.register("{name}_spread")  # as `fedmech new diagnostic` writes it: no outputs=

@@ -28,7 +28,8 @@ from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 LAB = "lab16"
 STRATEGY = '''"""FedAvg that also reports a metric of its own, and declares it."""
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, Metric, Outputs, WeightedFedAvg
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, WeightedFedAvg
 
 
 class LabFedAvg(WeightedFedAvg):
@@ -44,7 +45,7 @@ def lab_fedavg(params, ctx):
     return LabFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
 '''
 CLIENT = '''"""Plain training that tags its metrics: the run's client records show it ran on the clients."""
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("lab_tagged")
@@ -59,7 +60,8 @@ from itertools import combinations
 
 import numpy as np
 
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult
 
 
 @dataclass
@@ -89,7 +91,7 @@ MODULES = {
     "geometry": GEOMETRY,
     "client": CLIENT,
     "again": STRATEGY.replace("class LabFedAvg", "class AgainFedAvg").replace("LabFedAvg(", "AgainFedAvg("),
-    "dup": 'from fedmech_flwr.api import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
+    "dup": 'from fedmech_flwr.api.strategy import STRATEGIES\n\nSTRATEGIES.register("fedavg")(lambda params, ctx: None)\n',
     "broken": 'raise RuntimeError("the lab is closed")\n',
 }
 ENTRY = "entry point 'tagged' of lab16 0.1"
@@ -218,7 +220,7 @@ def test_a_sweep_honours_its_base_experiments_plugins(plugin_site, tmp_path, cap
 
 BROKEN_DIAGNOSTIC = '''from dataclasses import dataclass
 
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic
 
 
 @dataclass
@@ -292,7 +294,7 @@ def test_a_node_lacking_a_plugin_refuses_and_the_server_records_why(plugin_site,
 
 USERS_PACKAGES = {
     "clients": '''"""A user's own clients package, named as the built-in one's folder is."""
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 
 
 @CLIENTS.register("user_client")
@@ -302,7 +304,7 @@ class UserClient(FedMechClient):
         return weights, num_examples, {**metrics, "user-client": 1}
 ''',
     "strategies": '''"""A user's own strategies package."""
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, WeightedFedAvg
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, FedAvgConfig, WeightedFedAvg
 
 
 @STRATEGIES.register("user_fedavg", FedAvgConfig)
@@ -310,7 +312,8 @@ def user_fedavg(params, ctx):
     return WeightedFedAvg(weighting=params.weighting, **OFFERED_NODES_ONLY)
 ''',
     "diagnostics": '''"""A user's own diagnostics package."""
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult
 
 
 @DIAGNOSTICS.register("user_round", outputs=Outputs("User", {"user_round": Metric("round", ("user_round",), "", 0)}))

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedmech_flwr.api import FedMechModel, channels_last, channels_last_copy, largest_predicted_class
+from fedmech_flwr.api._builtin import channels_last, channels_last_copy, largest_predicted_class
+from fedmech_flwr.api.model import FedMechModel
 
 from .discovery import frozen
 from .gates import Position, gate_point, patched, resolve_layers

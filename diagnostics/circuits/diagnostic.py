@@ -82,26 +82,23 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs, seed_for, torch_generator
+from fedmech_flwr.api._builtin import (
     DEGENERATE_FRACTION,
-    DIAGNOSTICS,
-    ClientContext,
     Clock,
-    ConfigError,
-    DataInfo,
-    Diagnostic,
-    DiagnosticResult,
-    ExperimentConfig,
-    GlobalContext,
-    Metric,
-    Outputs,
-    RoundState,
     largest_predicted_class,
     lookup,
     pack_masks,
     to_bools,
-    torch_generator,
     unpack_masks,
+)
+from fedmech_flwr.api.diagnostic import (
+    DIAGNOSTICS,
+    ClientContext,
+    Diagnostic,
+    DiagnosticResult,
+    GlobalContext,
+    RoundState,
 )
 
 from .ablation import (
@@ -411,7 +408,8 @@ class Circuits(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.api import class_labels, heatmap, line_plot
+        from fedmech_flwr.api._builtin import class_labels
+        from fedmech_flwr.api.diagnostic import heatmap, line_plot
 
         if not records:
             return []

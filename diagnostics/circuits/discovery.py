@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedmech_flwr.api import FedMechModel, channels_last, channels_last_copy, parse_dataclass
+from fedmech_flwr.api._builtin import channels_last, channels_last_copy, parse_dataclass
+from fedmech_flwr.api.model import FedMechModel
 
 from .gates import (
     GateConfig,

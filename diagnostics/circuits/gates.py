@@ -25,7 +25,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from fedmech_flwr.api import ConfigError, FedMechModel
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api.model import FedMechModel
 
 Position = Literal["after_norm", "before_norm"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmech_flwr.api import MaskLike, to_bools
+from fedmech_flwr.api._builtin import MaskLike, to_bools
 
 PAPER_EMPTY_IOU = 1.0
 """The paper's code scores a layer empty in both circuits 1.0 ("they agree"); here that

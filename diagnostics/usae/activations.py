@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from fedmech_flwr.api import ConfigError, FedMechModel
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api.model import FedMechModel
 
 
 def to_tokens(output: Tensor) -> Tensor:

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedmech_flwr.api import ConfigError, FedMechModel, save_figure
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api._builtin import save_figure
+from fedmech_flwr.api.model import FedMechModel
 
 from .activations import InMemorySource, StreamingSource, check_layer, collect_tokens
 from .metrics import (

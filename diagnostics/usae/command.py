@@ -38,11 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmech_flwr.api import (
-    COMMANDS,
-    Command,
-    ConfigError,
-    Help,
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api._builtin import (
     apply_overrides,
     audit_indices,
     load_data,
@@ -51,6 +48,7 @@ from fedmech_flwr.api import (
     to_plain,
     write_text_atomic,
 )
+from fedmech_flwr.api.command import COMMANDS, Command, Help
 
 from .analysis import PRESETS, analyse, overlap_summary, plot_usae
 from .model import USAEConfig, save_usae

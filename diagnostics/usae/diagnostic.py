@@ -21,17 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedmech_flwr.api import (
-    DIAGNOSTICS,
-    ConfigError,
-    DataInfo,
-    Diagnostic,
-    DiagnosticResult,
-    ExperimentConfig,
-    Metric,
-    Outputs,
-    RoundState,
-)
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 
 from .analysis import CpuUSAEConfig, analyse, overlap_summary
 from .model import usae_arrays
@@ -125,7 +116,7 @@ class Usae(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.api import line_plot
+        from fedmech_flwr.api.diagnostic import line_plot
 
         if not records:
             return []

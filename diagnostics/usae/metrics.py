@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedmech_flwr.api import FedMechModel
+from fedmech_flwr.api.model import FedMechModel
 
 from .activations import check_layer, evaluating, from_tokens
 from .model import USAE

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedmech_flwr.api import ConfigError, NamedArrays, load_arrays, load_model_arrays, model_arrays, save_arrays
+from fedmech_flwr.api import ConfigError
+from fedmech_flwr.api._builtin import load_arrays, load_model_arrays, model_arrays, save_arrays
+from fedmech_flwr.api.strategy import NamedArrays
 
 DecoderNorm = Literal["per_model", "joint"]
 Schedule = Literal["round_robin", "symmetric"]

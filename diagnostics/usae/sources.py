@@ -8,19 +8,18 @@ from pathlib import Path
 
 import torch
 
-from fedmech_flwr.api import (
+from fedmech_flwr.api import ConfigError, ExperimentConfig
+from fedmech_flwr.api._builtin import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     FINAL_MODEL_FILE,
-    ConfigError,
-    ExperimentConfig,
-    FedMechModel,
     load_arrays,
     load_data,
     load_experiment,
     model_builder,
     round_file,
 )
+from fedmech_flwr.api.model import FedMechModel
 
 
 @dataclass

@@ -57,7 +57,26 @@ class FedMechModel(nn.Module):
     _gates: dict[str, tuple[str, str]]
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Penultimate features ``[N, feature_dim]`` (after the last body layer, pooled)."""
+        """The penultimate features, what probes, head realignment, NCM and CCVR read: every
+        model implements it (the head reads them).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The inputs, ``[N, C, H, W]``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[N, feature_dim]``, after the last body layer (pooled).
+
+        Examples
+        --------
+        >>> import torch
+        >>> class Flat(FedMechModel):
+        ...     def forward_features(self, x):
+        ...         return torch.relu(self.fc1(x.flatten(1)))
+        """
         raise NotImplementedError
 
     def forward_head(self, features: Tensor, pre_logits: bool = False) -> Tensor:
@@ -149,8 +168,33 @@ def _out_channels(module: nn.Module) -> int:
 def build_model(
     name: str, cfg: Any, *, in_channels: int, num_classes: int, image_size: int
 ) -> FedMechModel:
-    """Build registered model ``name``; ``cfg`` is its config dataclass, or a mapping
-    (or None for defaults) that is validated into it."""
+    """Build the registered model ``name``, as a run does: for a strategy that needs a model
+    of the run's architecture, or a model plug-in's test.
+
+    Parameters
+    ----------
+    name : str
+        A name registered in ``MODELS``.
+    cfg : dataclass, mapping or None
+        Its config dataclass, or a mapping (None: the defaults) validated into it.
+    in_channels, num_classes, image_size : int
+        The data's shape.
+
+    Returns
+    -------
+    FedMechModel
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name or a config its dataclass refuses.
+
+    Examples
+    --------
+    >>> model = build_model("simple_cnn", None, in_channels=1, num_classes=10, image_size=28)
+    >>> model.num_classes
+    10
+    """
     entry = MODELS.get(name)
     if not isinstance(cfg, entry.config_cls):
         cfg = parse_dataclass(entry.config_cls, cfg, "model")

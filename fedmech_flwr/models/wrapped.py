@@ -1,8 +1,7 @@
 """Any ``nn.Module`` as a FedMechModel: its head and gate points found by one traced forward pass.
 
 ``wrap_module(module, input_shape=..., head=...)`` adapts an ordinary classifier (a
-torchvision ResNet, a user's MLP) to the interface diagnostics rely on, and
-``register_module`` registers a builder of such modules as a model name:
+torchvision ResNet, a user's MLP) to the interface diagnostics rely on:
 
 - **head**: the ``nn.Linear`` named by its dotted module path (``fc``), else the last
   ``nn.Linear`` in module order. The model's output must be that layer's output, and its
@@ -152,14 +151,40 @@ class WrappedModel(FedMechModel):
 
 def wrap_module(module: nn.Module, *, input_shape: tuple[int, ...], head: str | None = None,
                 named_by: str | None = None) -> WrappedModel:
-    """``module`` (a classifier of ``input_shape`` inputs, e.g. ``(1, 28, 28)``) as a
-    FedMechModel; ``head`` is the dotted path of its linear head (None: its last
-    ``nn.Linear``). The module is taken over: its head is moved out of it.
+    """Put an ordinary classifier behind the ``FedMechModel`` interface the diagnostics rely
+    on (its head and gated layers found by one forward pass; see this module's docstring).
+    The module is taken over: its head is moved out of it.
 
-    A head that is not the module's linear head is a ConfigError that says where the head
-    was named: ``named_by`` if given, else the code calling this function
-    (``my_lab.models (my_lab/models.py:12): wrap_module(head='fcc')``) when it is not
-    fedmech's, else ``model.head`` (the experiment's key, as the ``torchvision`` model's)."""
+    Parameters
+    ----------
+    module : torch.nn.Module
+        A classifier whose output is its linear head's.
+    input_shape : tuple of int
+        One input's shape, e.g. ``(1, 28, 28)``.
+    head : str, optional
+        The dotted path of its linear head (``"fc"``); None: its last ``nn.Linear``.
+    named_by : str, optional
+        Where the head was named, for the error message (default: the calling code).
+
+    Returns
+    -------
+    WrappedModel
+        A ``FedMechModel``.
+
+    Raises
+    ------
+    ConfigError
+        When ``head`` is not the module's linear head (naming where it was named), or the
+        module has no layer to gate.
+
+    Examples
+    --------
+    >>> from torch import nn
+    >>> mlp = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> model = wrap_module(mlp, input_shape=(1, 4, 4))
+    >>> model.num_classes, model.feature_dim
+    (3, 8)
+    """
     if named_by is None and (caller := _code_at(sys._getframe(1))):
         named_by = f"wrap_module(head={head!r}) at {caller}"
     return WrappedModel(module, input_shape=input_shape, head=head, named_by=named_by)
@@ -174,8 +199,10 @@ def _code_at(frame: FrameType) -> str | None:
 def register_module(
     name: str, config_cls: type | None = None, *, head: str | None = None, check: Callable[..., None] | None = None
 ) -> Callable[[ModuleBuilder], ModuleBuilder]:
-    """Decorator: register ``builder(cfg, *, in_channels, num_classes, image_size) ->
-    nn.Module`` as model ``name`` (``model: {name: ...}`` in an experiment), each module
+    """Deprecated (goes in the next release; reached only as ``fedmech_flwr.api.register_module``,
+    which warns): ``MODELS.register(name, config_cls)`` on a builder that returns
+    ``wrap_module(...)`` does the same. Decorator: register ``builder(cfg, *, in_channels,
+    num_classes, image_size) -> nn.Module`` as model ``name`` (``model: {name: ...}`` in an experiment), each module
     it builds wrapped by ``wrap_module`` with ``head``. ``config_cls`` and ``check`` as in
     ``Registry.register``; the entry's module is the caller's. A ``head`` that is not the
     module's linear head is an error naming this registration's file and line."""

@@ -1,7 +1,7 @@
 """``fedmech new KIND NAME``: a start for your own plug-in, in your own folder.
 
 Three files: ``NAME.py`` (a minimal registered plug-in of the kind, importing only
-``fedmech_flwr.api``, with the metrics it records declared in ``outputs=`` so that every
+``fedmech_flwr.api`` and its role module, with the metrics it records declared in ``outputs=`` so that every
 view shows them), ``test_NAME.py`` (its test in this project's style: a strategy aggregates
 mocked client replies into a hand-computed result, a client's loss and a diagnostic's
 metric are known answers; and the contract check of its kind, ``check_strategy`` ...
@@ -38,7 +38,7 @@ The client must return its weights and ``num-examples``, as for FedAvg.
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.api import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, WeightedFedAvg
+from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext, WeightedFedAvg
 
 
 class $cls(WeightedFedAvg):
@@ -64,7 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from fedmech_flwr.api import CLIENTS, FedMechClient
+from fedmech_flwr.api.client import CLIENTS, FedMechClient
 from torch import nn
 
 
@@ -89,7 +89,8 @@ on the clients' data).
 from __future__ import annotations
 
 import numpy as np
-from fedmech_flwr.api import DIAGNOSTICS, Diagnostic, DiagnosticResult, Metric, Outputs, RoundState
+from fedmech_flwr.api import Metric, Outputs
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, RoundState
 
 OUTPUTS = Outputs("$name", {
     "global_norm": Metric("L2 norm of the global model", ("global_norm",), "L2", 3),
@@ -116,7 +117,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedmech_flwr.api import MODELS, FedMechModel
+from fedmech_flwr.api.model import MODELS, FedMechModel
 from torch import Tensor, nn
 
 
@@ -152,7 +153,7 @@ TESTS = {
 honours the strategy contract."""
 
 import numpy as np
-from fedmech_flwr.api import STRATEGIES, check_strategy, from_record, train_replies
+from fedmech_flwr.api.strategy import STRATEGIES, check_strategy, from_record, train_replies
 
 import $name  # noqa: F401  (registers it)
 
@@ -177,7 +178,7 @@ client contract."""
 import math
 
 import torch
-from fedmech_flwr.api import CLIENTS, check_client
+from fedmech_flwr.api.client import CLIENTS, check_client
 
 import $name  # noqa: F401  (registers it)
 
@@ -204,7 +205,7 @@ def test_contract():
 
 import numpy as np
 import torch
-from fedmech_flwr.api import DIAGNOSTICS, RoundState, check_diagnostic
+from fedmech_flwr.api.diagnostic import DIAGNOSTICS, RoundState, check_diagnostic
 
 import $name  # noqa: F401  (registers it)
 
@@ -224,7 +225,7 @@ def test_contract():
     "model": '''"""$name honours the model contract the diagnostics rely on."""
 
 import pytest
-from fedmech_flwr.api import check_model
+from fedmech_flwr.api.model import check_model
 
 import $name  # noqa: F401  (registers it)
 

@@ -23,7 +23,7 @@ Format::
       v2:
         - {key: pruning.target_sparsity, label: sparsity target, value: 0.999, quote: "..."}
     values:
-      - metric: misalignment.gaps.probe     # a key of the report's metrics
+      - metric: misalignment.gaps.probe_pooled   # a key of the report's metrics
         value: 21.7                         # in the report's unit (%, pp, IoU)
         relation: "="                       # =, ≈, or a bound < >
         where: {data.partition.alpha: 0.05} # dotted config keys a group must have

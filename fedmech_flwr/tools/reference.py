@@ -13,7 +13,9 @@ Each page is made from the same sources ``fedmech`` reads, never copied by hand:
   and the metrics it declares (``outputs``);
 - ``cli.md``: ``fedmech COMMAND --help`` of every built-in command (``cli.build_parser``);
 - ``files.md``: the sweep file and the published-values file, from the docstrings of
-  ``tools/sweep.py`` and ``tools/published.py``.
+  ``tools/sweep.py`` and ``tools/published.py``;
+- ``api.md``: the public API for plug-ins, ``fedmech_flwr.api`` and each role module, every
+  name of its ``__all__`` (and no other) with its signature and its docstring's summary.
 
 Only built-in entries are listed (a plug-in installed in this environment does not change
 the pages). ``tests/test_docs.py`` fails when the committed pages differ from these.
@@ -22,7 +24,9 @@ the pages). ``tests/test_docs.py`` fails when the committed pages differ from th
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import importlib
 import dataclasses
 import html
 import inspect
@@ -33,11 +37,11 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedmech_flwr import plugins
+from fedmech_flwr import api, plugins
 from fedmech_flwr.commands import COMMANDS
 from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, FlowerAppConfig, plugin_registries
 from fedmech_flwr.outputs import EVAL, Outputs
-from fedmech_flwr.registry import BUILT_IN, Entry
+from fedmech_flwr.registry import BUILT_IN, Entry, Registry
 from fedmech_flwr.typed import FieldInfo, describe_fields
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
@@ -297,6 +301,88 @@ def files_page() -> str:
     ])
 
 
+# --- api.md ----------------------------------------------------------------------------
+
+
+def api_modules() -> list[str]:
+    """The public API's modules: ``fedmech_flwr.api`` and its role modules."""
+    return [api.__name__, *(f"{api.__name__}.{face}" for face in api.FACES)]
+
+
+def _summary(text: str) -> str:
+    return " ".join(text.split("\n\n")[0].split())
+
+
+def _attribute_docs(module_name: str) -> dict[str, str]:
+    """The docstrings written under a module's top-level assignments (``NAME = ...`` then a
+    string), by name."""
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    docs = {}
+    for node, after in zip(tree.body, tree.body[1:]):
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                       else None)
+        if (isinstance(target, ast.Name) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _imported_from(module_name: str) -> dict[str, str]:
+    """Where each name a module imports comes from (``from X import name``)."""
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    return {alias.asname or alias.name: node.module for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+
+
+def _api_row(module_name: str, name: str) -> str:
+    """A name of the API as a table row: what it is (a registry, a class, a function and its
+    signature, a constant) and its docstring's summary, read where it is defined."""
+    value = getattr(importlib.import_module(module_name), name)
+    if isinstance(value, Registry):
+        what, doc = "registry", f"The {value.kind} registry: `{name}.register(name, ...)` registers one (a decorator; " \
+                                "see `Registry.register`)."
+    elif inspect.isclass(value) or inspect.isfunction(value):
+        what = "class" if inspect.isclass(value) else "function"
+        doc = _text(_summary(inspect.getdoc(value) or ""))
+        if inspect.isfunction(value):
+            what = _code(re.sub(r"(: |-> )'([^']*)'", r"\1\2", f"{name}{inspect.signature(value)}"))
+    else:
+        home = _imported_from(module_name).get(name, module_name)
+        what = "type" if typing.get_origin(value) is not None else "constant"
+        doc = _text(_summary(_attribute_docs(home).get(name, "")))
+    return f"| `{name}` | {what} | {doc} |"
+
+
+def api_page() -> str:
+    out = [
+        STAMP, "", "# Public API", "",
+        "What a plug-in may import, by role: one module per role, each with its own `__all__`, and the shared "
+        "names in `fedmech_flwr.api`. These names keep their name and meaning within a release; a name that "
+        "moves stays one more release with a `DeprecationWarning` naming its new place. Every other module of "
+        "fedmech is private, `fedmech_flwr.api._builtin` (what only the built-in plug-ins use) included. "
+        "How to write each: [your own plug-ins](../how-to/own-plugins.md).",
+    ]
+    for module_name in api_modules():
+        module = importlib.import_module(module_name)
+        out += ["", f"## `{module_name}` {{#{module_name.replace('.', '-').replace('_', '-')}}}", "",
+                _text(_summary(inspect.getdoc(module))), "",
+                "| name | what | summary |", "|---|---|---|",
+                *(_api_row(module_name, name) for name in module.__all__)]
+    return "\n".join(out) + "\n"
+
+
+def api_page_names(text: str) -> dict[str, list[str]]:
+    """Each module's names as ``api.md`` lists them, in order (what a test compares with
+    the modules' ``__all__``)."""
+    names: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if heading := re.match(r"## `([\w.]+)`", line):
+            names[heading.group(1)] = []
+        elif names and (row := re.match(r"\| `(\w+)` \|", line)):
+            names[next(reversed(names))].append(row.group(1))
+    return names
+
+
 # --- the pages -------------------------------------------------------------------------
 
 
@@ -304,7 +390,7 @@ def pages() -> dict[str, str]:
     """Each generated page's file name and text."""
     plugins.load()
     return {"configuration.md": configuration_page(), "plugins.md": plugins_page(), "cli.md": cli_page(),
-            "files.md": files_page()}
+            "files.md": files_page(), "api.md": api_page()}
 
 
 def stale(folder: Path = REFERENCE_DIR) -> list[str]:

@@ -6,9 +6,9 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedmech_flwr.api import seed_for
+from fedmech_flwr.api.model import FedMechModel
 from fedmech_flwr.app.flower import attach_diagnostics
-from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.seeds import seed_for
 from flower_fedavgm.task import load_federation, make_model, train
 
 app = ClientApp()

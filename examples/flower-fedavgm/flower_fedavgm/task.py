@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedmech_flwr.api import seed_for
+from fedmech_flwr.api.model import FedMechModel, build_model
 from fedmech_flwr.data import FashionMNISTConfig, SyntheticConfig, load_dataset
 from fedmech_flwr.experiment import balanced_indices
-from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
 from fedmech_flwr.partition import DirichletConfig, partition_dataset
-from fedmech_flwr.seeds import seed_for
 from fedmech_flwr.training import seed_everything
 
 DATASETS = {
