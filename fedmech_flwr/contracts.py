@@ -237,7 +237,9 @@ def _shard(partition_id: int) -> ClientData:
 
 
 def _context(seed: int) -> StrategyContext:
-    return StrategyContext(NUM_CLASSES, 1, seed, 60.0, model_arrays(_tiny_model()), _build, _audit(), CLIENTS_IN_ROUND)
+    return StrategyContext(num_classes=NUM_CLASSES, num_rounds=1, seed=seed, round_timeout_s=60.0,
+                           initial=model_arrays(_tiny_model()), build_model=_build, audit=_audit(),
+                           num_clients=CLIENTS_IN_ROUND)
 
 
 def _audit() -> tuple[torch.Tensor, torch.Tensor]:
