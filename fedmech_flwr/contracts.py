@@ -126,6 +126,11 @@ def check_model(name: str, params: Any = None, *, in_channels: int = 3, image_si
     seed : int
         Seeds both builds (the process-wide generator is restored afterwards).
 
+    Returns
+    -------
+    None
+        When every rule holds; the first rule broken raises.
+
     Raises
     ------
     AssertionError
@@ -335,6 +340,11 @@ def check_client(name: str, params: Any = None, *, seed: int = 0) -> None:
     seed : int
         The experiment's seed the clients get.
 
+    Returns
+    -------
+    None
+        When every rule holds; the first rule broken raises.
+
     Raises
     ------
     AssertionError
@@ -434,6 +444,11 @@ def check_strategy(name: str, params: Any = None, *, diagnostics: Sequence[str] 
     seed : int
         The experiment's seed (``StrategyContext.seed``).
 
+    Returns
+    -------
+    None
+        When every rule holds; the first rule broken raises.
+
     Raises
     ------
     AssertionError
@@ -512,6 +527,11 @@ def check_diagnostic(name: str, params: Any = None, *, seed: int = 0) -> None:
         Its config (None: the defaults).
     seed : int
         The experiment's seed (``RoundState.seed``).
+
+    Returns
+    -------
+    None
+        When every rule holds; the first rule broken raises.
 
     Raises
     ------
