@@ -31,9 +31,20 @@ from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_datase
 from fedmech_flwr.errors import ConfigError, DataNotFoundError
 from fedmech_flwr.models import FedMechModel, build_model
 from fedmech_flwr.partition import partition_dataset
-from fedmech_flwr.run_folder import memory_available_gib
 from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.typed import join_key, to_plain
+
+
+def memory_available_gib() -> float:
+    """Memory this host can still give (``MemAvailable``), in GiB; infinite where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
 
 _PARTITIONS: dict[str, list[np.ndarray]] = {}
 

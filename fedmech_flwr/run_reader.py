@@ -4,7 +4,7 @@
 Read-only, and only what is committed: whole lines of metrics.jsonl and of diagnoses.jsonl
 (the records ``fedmech diagnose`` reran on saved rounds; ``read_records`` skips a torn last
 one), status.json, sweep.json and sweep.lock (each replaced or made atomically).
-Whether the process a status.json or a lock names still runs is ``run_folder.writer_of``'s
+Whether the process a status.json or a lock names still runs is ``liveness.writer_of``'s
 one rule: on this host its process is checked; on another host (a folder copied from
 there, or on a disk two machines share) it is named and not checked: running there as far
 as the files say, never "killed" by guess.
@@ -52,24 +52,10 @@ from fedmech_flwr.outputs import (
     records_of,
     registered_outputs,
 )
+from fedmech_flwr.liveness import Writer, lock_writer, writer_of
 from fedmech_flwr.run_folder import (
-    CONFIG_FILE,
-    ENVIRONMENT_FILE,
-    LOCK_FILE,
-    METRICS_FILE,
-    PARTITIONS_FILE,
-    STATUS_FILE,
-    SWEEP_LOCK_FILE,
-    SWEEP_MANIFEST_FILE,
-    Writer,
-    lock_writer,
-    read_diagnoses,
-    read_outputs,
-    read_strategy_defaults,
-    read_records,
-    read_status,
-    records_end,
-    writer_of,
+    CONFIG_FILE, ENVIRONMENT_FILE, LOCK_FILE, METRICS_FILE, PARTITIONS_FILE, STATUS_FILE, SWEEP_LOCK_FILE,
+    SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_strategy_defaults, read_records, read_status, records_end,
 )
 from fedmech_flwr.yaml_text import read_yaml_file
 

@@ -23,6 +23,8 @@ _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 """A cell a spreadsheet reads as a formula when it begins with one of these (OWASP)."""
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+"""A terminal colour (or other CSI) code, as Ray puts in the tracebacks it forwards."""
 
 
 def _escape(match: re.Match) -> str:
@@ -60,3 +62,7 @@ def csv_cell(value: Any) -> Any:
         return value
     text = printable(value)
     return f"'{text}" if text.startswith(FORMULA_START) else text
+
+
+def strip_colours(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)

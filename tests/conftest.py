@@ -30,7 +30,8 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.heads import balanced_split
 from fedmech_flwr.hooks import ClientUpdate, RoundState
-from fedmech_flwr.run_folder import STATE_FILE, process_alive, read_records, read_status
+from fedmech_flwr.liveness import process_alive
+from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
 from fedmech_flwr.tools.launch import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
 from fedmech_flwr.wire import REPORT_KEY

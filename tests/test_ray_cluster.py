@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_gone, launch_processes_of, once_per_session
-from fedmech_flwr.run_folder import process_alive, read_records, read_status
+from fedmech_flwr.liveness import process_alive
+from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop, descendants
 
 pytestmark = pytest.mark.integration

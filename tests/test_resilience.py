@@ -34,16 +34,8 @@ from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finit
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
-from fedmech_flwr.run_folder import (
-    LOCK_FILE,
-    METRICS_FILE,
-    REASON_MAX_CHARS,
-    STATE_FILE,
-    RunFolder,
-    one_line,
-    read_records,
-    read_status,
-)
+from fedmech_flwr.app.protocol import REASON_MAX_CHARS, one_line
+from fedmech_flwr.run_folder import LOCK_FILE, METRICS_FILE, STATE_FILE, RunFolder, read_records, read_status
 from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
 from fedmech_flwr.tools import cli
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main

@@ -18,16 +18,8 @@ from test_report import config, group, make_sweep, write_run
 
 from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.outputs import declarations, recorded_flags
-from fedmech_flwr.run_folder import (
-    FolderLock,
-    RunFolder,
-    live_holder,
-    read_outputs,
-    read_records,
-    writer_alive,
-    writer_gone,
-    writer_of,
-)
+from fedmech_flwr.liveness import FolderLock, live_holder, writer_alive, writer_gone, writer_of
+from fedmech_flwr.run_folder import RunFolder, read_outputs, read_records
 from fedmech_flwr.run_reader import read_run, read_sweep
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import write_report

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,7 +54,8 @@ from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record,
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import raised_where_in_text
 from fedmech_flwr.hooks import ClientUpdate, decode_results
-from fedmech_flwr.run_folder import RunFolder, one_line, strip_colours
+from fedmech_flwr.run_folder import RunFolder
+from fedmech_flwr.safe_text import strip_colours
 from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
 from fedmech_flwr.wire import CLIENT_STATE_KEY, IDENTIFY_ACTION, REPORT_KEY
 
@@ -65,6 +67,34 @@ SHARD, NODE_PROVIDED = "shard", "node-provided"
 
 RAISED_CODES = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, ErrorCode.CLIENT_APP_CRASHED, ErrorCode.LOAD_CLIENT_APP_EXCEPTION)
 """Flower error codes of a ClientApp that raised or crashed (reason ``raised: ...``)."""
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\([\w.]+\))?: \S")
+"""A traceback's ``module.Type: message`` line (unindented, a dotted name, then ``: ``)."""
+FLOWER_REASON = re.compile(r"^<class '([^']+)'>:<'(.*)'>$", re.DOTALL)
+"""How Flower's simulation wraps a ClientApp exception: ``<class 'T'>:<'str(exception)'>``."""
+WRAPPER_EXCEPTIONS = ("ClientAppException", "RayTaskError")
+"""Exceptions that only wrap a client's own error; their lines are passed over."""
+REASON_MAX_CHARS = 200
+
+
+def one_line(text: str) -> str:
+    """A client's error text as one line for a record: without colour codes, and of a
+    traceback (Ray forwards a whole one, chained causes included) only the first
+    exception line that is not one of Flower's or Ray's wrappers, i.e. the client's own
+    ``Type: message``; at most ``REASON_MAX_CHARS`` long."""
+    text = strip_colours(text).strip()
+    kind = ""
+    if wrapped := FLOWER_REASON.match(text):
+        kind, text = wrapped.group(1).rsplit(".", 1)[-1], wrapped.group(2).strip()
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)
+              and not any(w in line.split(":", 1)[0] for w in WRAPPER_EXCEPTIONS)]
+    if raised:
+        line = raised[0]
+    elif kind and lines and not any(w in kind for w in WRAPPER_EXCEPTIONS):
+        line = f"{kind}: {lines[-1]}"
+    else:
+        line = lines[-1] if lines else "(no reason given)"
+    return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
 
 
 class ClientFailure(RuntimeError):

@@ -43,17 +43,9 @@ from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differi
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
 from fedmech_flwr.experiment import check_simulated, load_experiment
 from fedmech_flwr.registry import Entry, Registry, did_you_mean
+from fedmech_flwr.liveness import FolderLock
 from fedmech_flwr.run_folder import (
-    APP_DIR,
-    CONFIG_FILE,
-    DIAGNOSES_FILE,
-    LOCK_FILE,
-    STATE_FILE,
-    FolderLock,
-    RunFolder,
-    read_outputs,
-    read_records,
-    read_status,
+    APP_DIR, CONFIG_FILE, DIAGNOSES_FILE, LOCK_FILE, STATE_FILE, RunFolder, read_outputs, read_records, read_status,
 )
 from fedmech_flwr.safe_text import PrintableFormatter, printable, printable_lines
 from fedmech_flwr.tools.finish import (

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fedmech_flwr.errors import BadFileError, ConfigError
-from fedmech_flwr.run_folder import APP_DIR, RunFolder, read_status, settle_status, writer_of
+from fedmech_flwr.liveness import writer_of
+from fedmech_flwr.run_folder import APP_DIR, RunFolder, read_status, settle_status
 
 log = logging.getLogger(__name__)
 

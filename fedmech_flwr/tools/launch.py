@@ -50,7 +50,9 @@ from typing import TextIO
 from fedmech_flwr.config import SimulationConfig
 from fedmech_flwr.data import npz_arrays
 from fedmech_flwr.errors import StartError
-from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR, process_alive, strip_colours
+from fedmech_flwr.liveness import process_alive
+from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR
+from fedmech_flwr.safe_text import strip_colours
 from fedmech_flwr.safe_text import printable
 from fedmech_flwr.tools.finish import output_failure
 from fedmech_flwr.tools.reaper import MARKER, kill_launch, start_reaper

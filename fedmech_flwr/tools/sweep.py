@@ -65,17 +65,10 @@ from fedmech_flwr.config import (
 from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import check_simulated, parse_experiment
 from fedmech_flwr.files import write_text_atomic
+from fedmech_flwr.liveness import FolderLock, writer_alive
+from fedmech_flwr.experiment import memory_available_gib
 from fedmech_flwr.run_folder import (
-    CONFIG_FILE,
-    LOCK_FILE,
-    SWEEP_LOCK_FILE,
-    SWEEP_MANIFEST_FILE,
-    FolderLock,
-    RunFolder,
-    memory_available_gib,
-    read_records,
-    read_status,
-    writer_alive,
+    CONFIG_FILE, LOCK_FILE, SWEEP_LOCK_FILE, SWEEP_MANIFEST_FILE, RunFolder, read_records, read_status,
 )
 from fedmech_flwr.tools.finish import finish_run, interrupt_run
 from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
