@@ -44,6 +44,7 @@ from typing import Any
 
 from fedmech_flwr import plugins
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, brief, shape
+from fedmech_flwr.liveness import Writer, lock_writer, writer_of
 from fedmech_flwr.outputs import (
     metrics_of,
     outputs_from_plain,
@@ -52,7 +53,6 @@ from fedmech_flwr.outputs import (
     records_of,
     registered_outputs,
 )
-from fedmech_flwr.liveness import Writer, lock_writer, writer_of
 from fedmech_flwr.run_folder import (
     CONFIG_FILE, ENVIRONMENT_FILE, LOCK_FILE, METRICS_FILE, PARTITIONS_FILE, STATUS_FILE, SWEEP_LOCK_FILE,
     SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_strategy_defaults, read_records, read_status, records_end,

@@ -32,7 +32,7 @@ from fedmech_flwr.heads import balanced_split
 from fedmech_flwr.hooks import ClientUpdate, RoundState
 from fedmech_flwr.liveness import process_alive
 from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
-from fedmech_flwr.tools.launch import descendants
+from fedmech_flwr.tools.processes import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
 from fedmech_flwr.wire import REPORT_KEY
 

@@ -336,7 +336,7 @@ def test_run_config_survives_flowers_run_config_parser():
 
     from flwr.common.config import parse_config_args
 
-    from fedmech_flwr.tools.launch import _quote
+    from fedmech_flwr.tools.local_flower import toml_quoted
 
     run_config = {
         "experiment": "/some dir/exp.yaml",
@@ -344,7 +344,7 @@ def test_run_config_survives_flowers_run_config_parser():
         "out": "/tmp/out",
         "run-dir": "",
     }
-    text = " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())
+    text = " ".join(f"{k}={toml_quoted(v)}" for k, v in run_config.items())
     assert parse_config_args([text]) == run_config
     assert json.loads(parse_config_args([text])["overrides"])[1] == "name=it's \"q\""
 

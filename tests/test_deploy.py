@@ -23,7 +23,9 @@ from conftest import REPO, smoke_config
 from fedmech_flwr.app.client_app import node_dataset
 from fedmech_flwr.config import experiment_from_json
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.tools.launch import MAKE_CERTS, Credentials, _free_port, _stop
+from fedmech_flwr.tools.deployment import MAKE_CERTS, Credentials
+from fedmech_flwr.tools.local_flower import free_port
+from fedmech_flwr.tools.processes import stop_processes
 
 SMALL_RUN = ("federation.num_clients=2", "federation.num_rounds=2")
 
@@ -87,7 +89,7 @@ def test_missing_credentials_name_the_files_and_the_script(tmp_path):
 @pytest.mark.integration
 def test_deploy_local_stops_everything_on_sigterm(tmp_path):
     """With ``--auth`` and no ``--certs``: deploy-local makes the credentials itself."""
-    port = _free_port()
+    port = free_port()
     deploy = fedmech("deploy-local", tmp_path, "--auth", "--port", str(port))
     try:
         wait_for_line(tmp_path / "fedmech.log", "2 SuperNodes online", deploy)
@@ -97,5 +99,5 @@ def test_deploy_local_stops_everything_on_sigterm(tmp_path):
         assert deploy.wait(timeout=120) == 128 + signal.SIGTERM
     finally:
         if deploy.poll() is None:
-            _stop(deploy)
+            stop_processes(deploy)
     assert not processes_mentioning(f"127.0.0.1:{port}"), "SIGTERM left Flower processes behind"

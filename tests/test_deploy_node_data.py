@@ -23,7 +23,9 @@ from conftest import smoke_config, without_measured
 from fedmech_flwr.app.node_data import write_node_data
 from fedmech_flwr.arrays import load_arrays
 from fedmech_flwr.run_folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
-from fedmech_flwr.tools.launch import MAKE_CERTS, QUIET_ENV, _free_port, _stop
+from fedmech_flwr.tools.deployment import MAKE_CERTS
+from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
+from fedmech_flwr.tools.processes import stop_processes
 
 pytestmark = pytest.mark.integration
 VENV_BIN = Path(sys.executable).parent
@@ -68,14 +70,14 @@ def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
     np.savez(nodes / "node_999.npz", x=np.zeros((20, 28, 28), np.float32), y=np.arange(20) % 4)
     certs = tmp_path / "certs"
     subprocess.run(["bash", str(MAKE_CERTS), str(certs), "5"], check=True, capture_output=True)  # node_4: never registered
-    port = _free_port()
+    port = free_port()
     deploy = fedmech("deploy-local", tmp_path, "--auth", "--certs", str(certs), "--port", str(port), "--node-data",
                      str(nodes), overrides=overrides)
     intruder_log = tmp_path / "intruder.log"
     with open(intruder_log, "w") as log:
         intruder = subprocess.Popen(
             [str(VENV_BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
-             "--superlink", f"127.0.0.1:{port}", "--port", str(_free_port()),
+             "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
              "--auth-supernode-private-key", str(certs / "node_4"), "--node-config", "partition-id=0 num-partitions=4"],
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, **QUIET_ENV, "FLWR_HOME": str(tmp_path / "intruder-home"),
@@ -87,7 +89,7 @@ def test_mixed_federation_with_a_refused_node_completes_under_auth(tmp_path):
         finished(deploy, tmp_path)
     finally:
         if intruder.poll() is None:
-            _stop(intruder)
+            stop_processes(intruder)
     output = (tmp_path / "fedmech.log").read_text()
     assert "4 SuperNodes online" in output and "(TLS, SuperNode auth; 2 with their own data)" in output
     (run,) = list((tmp_path / "runs").iterdir())

@@ -125,7 +125,7 @@ class _InProcess:
         from fedmech_flwr.app.inprocess import _grid
         from fedmech_flwr.app.run import run_experiment
         from fedmech_flwr.experiment import load_experiment
-        from fedmech_flwr.tools.launch import LaunchResult
+        from fedmech_flwr.tools.local_flower import LaunchResult
 
         cfg = load_experiment(run_config["experiment"], json.loads(run_config["overrides"]))
         run_experiment(_grid(cfg, None), cfg, run_dir=run_config["run-dir"])

@@ -45,7 +45,7 @@ from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
 from fedmech_flwr.run_folder import read_records, read_status
-from fedmech_flwr.tools.launch import launch
+from fedmech_flwr.tools.simulation import launch
 
 EXAMPLE = REPO / "examples" / "flower-fedavgm"
 RUN_CONFIG = {

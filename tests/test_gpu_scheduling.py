@@ -24,7 +24,8 @@ from conftest import REPO, SMOKE, smoke_config
 from fedmech_flwr.experiment import check_simulated
 from fedmech_flwr.run_folder import read_records, read_status
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, _engine, main
-from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop
+from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
+from fedmech_flwr.tools.processes import stop_processes
 from test_deploy import processes_mentioning, wait_for_line
 
 VENV_BIN = Path(sys.executable).parent
@@ -170,14 +171,14 @@ def test_a_half_gpu_per_client_runs_at_most_four_clients_on_two_declared_gpus(tm
     (site / "gpu_probe.py").write_text(PROBE)
     env = {**os.environ, **QUIET_ENV, "RAY_prestart_worker_first_driver": "0",  # no idle workers per CPU
            "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    ray_dir, port = Path(tempfile.mkdtemp(prefix="fm-ray-")), _free_port()  # short: Ray's socket paths
+    ray_dir, port = Path(tempfile.mkdtemp(prefix="fm-ray-")), free_port()  # short: Ray's socket paths
     with open(tmp_path / "ray-head.log", "w") as log:
         head = subprocess.Popen(
             [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
              "--num-cpus", "12", "--num-gpus", "2", "--temp-dir", str(ray_dir), "--include-dashboard", "false",
              "--disable-usage-stats", "--min-worker-port", "0", "--max-worker-port", "0",
-             "--ray-client-server-port", str(_free_port()), "--dashboard-port", str(_free_port()),
-             "--dashboard-agent-listen-port", str(_free_port()), "--no-monitor"],
+             "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
+             "--dashboard-agent-listen-port", str(free_port()), "--no-monitor"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     sets = ["federation.num_clients=6", "federation.num_rounds=2", "data.partition={name: iid}", "diagnostics=[]",
@@ -189,7 +190,7 @@ def test_a_half_gpu_per_client_runs_at_most_four_clients_on_two_declared_gpus(tm
                                str(tmp_path / "runs"), *(x for s in sets for x in ("--set", s))],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
     finally:
-        _stop(head, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
+        stop_processes(head, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
         shutil.rmtree(ray_dir, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"simulation on the Ray cluster at 127.0.0.1:{port}, 1 CPU(s) and 0.5 GPU per client" in done.stdout

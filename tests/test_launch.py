@@ -23,9 +23,11 @@ from flwr.cli.build import build_fab_from_disk
 
 from conftest import REPO
 from fedmech_flwr.run_folder import APP_DIR
-from fedmech_flwr.tools import launch
+from fedmech_flwr.tools import local_flower
+from fedmech_flwr.tools.app_staging import stage_app
 from fedmech_flwr.tools.cli import EXIT_FAILED, main
-from fedmech_flwr.tools.launch import _LocalFlower, private_ray_cpus, stage_app
+from fedmech_flwr.tools.local_flower import LocalFlower
+from fedmech_flwr.tools.simulation import private_ray_cpus
 
 
 def bundled(app) -> dict[str, bytes]:
@@ -117,8 +119,8 @@ def foreign_server() -> Iterator[int]:
 
 def test_the_health_check_takes_any_answer_but_flowers_for_not_ready():
     with foreign_server() as port:
-        assert not launch._healthy(f"http://127.0.0.1:{port}/health", None)  # a bad status line, not a traceback
-    assert not launch._healthy(f"http://127.0.0.1:{port}/health", None)  # nobody there
+        assert not local_flower._healthy(f"http://127.0.0.1:{port}/health", None)  # a bad status line, not a traceback
+    assert not local_flower._healthy(f"http://127.0.0.1:{port}/health", None)  # nobody there
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").is_file(), reason="needs Linux /proc")
@@ -126,27 +128,27 @@ def test_a_port_is_the_superlinks_only_while_its_process_holds_the_socket():
     """Another Flower on the port would answer the health check as well: who holds the
     listening socket decides."""
     with foreign_server() as port:
-        assert launch._listens(os.getpid(), port)  # this process serves it
+        assert local_flower._listens(os.getpid(), port)  # this process serves it
         other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         try:
-            assert not launch._listens(other.pid, port)
+            assert not local_flower._listens(other.pid, port)
         finally:
             other.kill()
             other.wait()
-    assert not launch._listens(os.getpid(), port)
+    assert not local_flower._listens(os.getpid(), port)
 
 
 @pytest.mark.integration
 def test_a_superlink_whose_port_another_program_took_starts_again_on_a_free_one(tmp_path, monkeypatch):
     with foreign_server() as taken:
-        ports = iter([taken, launch._free_port()])
-        monkeypatch.setattr(launch, "_free_port", lambda: next(ports))
+        ports = iter([taken, local_flower.free_port()])
+        monkeypatch.setattr(local_flower, "free_port", lambda: next(ports))
         (home := tmp_path / "home").mkdir()
-        flower = _LocalFlower(home, None)
+        flower = LocalFlower(home, None)
         try:
             flower.start_superlink("--insecure")
             assert flower.port != taken and flower.alive()
-            assert launch._healthy(f"http://127.0.0.1:{flower.port}/health", None)
+            assert local_flower._healthy(f"http://127.0.0.1:{flower.port}/health", None)
             assert f'address = "127.0.0.1:{flower.port}"' in (home / "config.toml").read_text()
         finally:
             flower.close()
@@ -157,10 +159,10 @@ def test_a_superlink_that_finds_every_port_taken_fails_in_one_line(tmp_path, mon
     """``fedmech deploy-local`` (a SuperLink without Ray: seconds) tries ``SUPERLINK_PORTS``
     ports it chose, then ends in one line naming them, exit 1."""
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(launch, "SUPERLINK_PORTS", 2)
+    monkeypatch.setattr(local_flower, "SUPERLINK_PORTS", 2)
     with foreign_server() as first, foreign_server() as second:
         ports = iter([first, second])
-        monkeypatch.setattr(launch, "_free_port", lambda: next(ports))
+        monkeypatch.setattr(local_flower, "free_port", lambda: next(ports))
         assert main(["deploy-local", "experiments/smoke.yaml", "--out", str(tmp_path)]) == EXIT_FAILED
     [line] = capsys.readouterr().err.splitlines()
     assert line == (f"error: flower-superlink could not start: port(s) {first}, {second} taken by another program; "
@@ -170,9 +172,9 @@ def test_a_superlink_that_finds_every_port_taken_fails_in_one_line(tmp_path, mon
 def test_a_port_chosen_here_is_free_and_below_the_ports_the_system_hands_out():
     """A port the system hands to any socket asking for one (a Ray worker's) could be taken
     between the choice and the bind; below that range only programs that choose numbers can."""
-    ephemeral = int(launch.EPHEMERAL_RANGE.read_text().split()[0])
-    for port in {launch._free_port() for _ in range(20)}:
-        assert launch.PORTS_FROM <= port < ephemeral
+    ephemeral = int(local_flower.EPHEMERAL_RANGE.read_text().split()[0])
+    for port in {local_flower.free_port() for _ in range(20)}:
+        assert local_flower.PORTS_FROM <= port < ephemeral
         with socket.socket() as s:
             s.bind(("", port))  # free on every address
 
@@ -189,7 +191,7 @@ def fake_ray(tmp_path: Path, *outputs: str) -> Path:
         "with calls.open('a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
         f"out = {list(outputs)!r}[n]\n"
         "print(out, flush=True)\n"
-        f"sys.exit(1) if {launch.RAY_READY!r} not in out else time.sleep(60)\n")
+        f"sys.exit(1) if {local_flower.RAY_READY!r} not in out else time.sleep(60)\n")
     script.chmod(0o755)
     return script
 
@@ -200,10 +202,10 @@ def test_a_ray_head_that_timed_out_waiting_for_its_raylet_starts_again_once_on_t
     Ray); the SuperLink and ``flwr run`` already hold the head's address, so the head
     starts again with the same arguments, once, and the run goes on. A second such
     failure, or any other, ends the launch naming the log."""
-    overloaded = f"Exception: {launch.RAY_OVERLOADED}. This could happen because ..."
-    monkeypatch.setattr(launch, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, launch.RAY_READY + ".")))
+    overloaded = f"Exception: {local_flower.RAY_OVERLOADED}. This could happen because ..."
+    monkeypatch.setattr(local_flower, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, local_flower.RAY_READY + ".")))
     (home := tmp_path / "home").mkdir()
-    flower = _LocalFlower(home, None)
+    flower = LocalFlower(home, None)
     try:
         flower.start_ray_head(2)
         flower.wait_for_ray(timeout=30)
@@ -215,9 +217,9 @@ def test_a_ray_head_that_timed_out_waiting_for_its_raylet_starts_again_once_on_t
         flower.close()
 
     (tmp_path / "calls.jsonl").unlink()
-    monkeypatch.setattr(launch, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, overloaded)))
+    monkeypatch.setattr(local_flower, "_bin", lambda name: str(fake_ray(tmp_path, overloaded, overloaded)))
     (home := tmp_path / "home-2").mkdir()
-    flower = _LocalFlower(home, None)
+    flower = LocalFlower(home, None)
     try:
         flower.start_ray_head(2)
         with pytest.raises(RuntimeError, match="the private Ray head exited with code 1; see .*ray.log"):

@@ -24,7 +24,7 @@ from fedmech_flwr.data import Pixels, _normalise
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.run_folder import CLIENT_FAILURES_LOG, FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
-from fedmech_flwr.tools.launch import node_configs
+from fedmech_flwr.tools.deployment import node_configs
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover")
 PIXELS = Pixels("uint8", (0.2860,), (0.3530,))

@@ -31,7 +31,8 @@ import pytest
 from conftest import REPO, assert_gone, launch_processes_of, once_per_session
 from fedmech_flwr.liveness import process_alive
 from fedmech_flwr.run_folder import read_records, read_status
-from fedmech_flwr.tools.launch import QUIET_ENV, _free_port, _stop, descendants
+from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
+from fedmech_flwr.tools.processes import stop_processes, descendants
 
 pytestmark = pytest.mark.integration
 RAY = Path(sys.executable).parent / "ray"
@@ -46,11 +47,11 @@ class Cluster:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.temp = Path(tempfile.mkdtemp(prefix="fm-ray-"))  # short: Ray's socket paths
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen] = []
         self.head = self.add("--head", "--port", str(self.port), "--include-dashboard", "false", "--no-monitor",
-                             "--dashboard-port", str(_free_port()), "--ray-client-server-port", str(_free_port()))
+                             "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()))
 
     def add(self, *flags: str) -> subprocess.Popen:
         """Start a node (a worker joined to the head unless ``flags`` say ``--head``)."""
@@ -59,7 +60,7 @@ class Cluster:
             node = subprocess.Popen(
                 [str(RAY), "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
                  "--temp-dir", str(self.temp), "--disable-usage-stats", "--min-worker-port", "0", "--max-worker-port",
-                 "0", "--dashboard-agent-listen-port", str(_free_port()),
+                 "0", "--dashboard-agent-listen-port", str(free_port()),
                  *(flags or ("--address", self.address))],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **QUIET_ENV}, start_new_session=True)
         self.nodes.append(node)
@@ -84,7 +85,7 @@ class Cluster:
                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ClientAppActor")]
 
     def stop(self) -> None:
-        _stop(*self.nodes, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
+        stop_processes(*self.nodes, grace_s=5)  # not `ray stop`: that stops every Ray instance on the machine
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
@@ -97,7 +98,7 @@ def private_run(tmp_path_factory) -> Path:
             finished(proc, out)
         finally:
             if proc.poll() is None:
-                _stop(proc)
+                stop_processes(proc)
 
     folder = once_per_session(tmp_path_factory, "ray-cluster-private-run", make)
     (run_dir,) = list((folder / "runs").iterdir())

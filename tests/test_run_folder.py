@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from fedmech_flwr.app.protocol import one_line
 from fedmech_flwr.errors import BadFileError, RunFolderError
 from fedmech_flwr.liveness import FolderLock, live_holder
-from fedmech_flwr.app.protocol import one_line
 from fedmech_flwr.run_folder import (
     CHECKPOINT_DIR, FINAL_MODEL_FILE, METRICS_FILE, ResumePoint, RunFolder, read_records, round_file,
 )

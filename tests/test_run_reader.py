@@ -17,8 +17,8 @@ import pytest
 from test_report import config, group, make_sweep, write_run
 
 from fedmech_flwr.errors import BadFileError
-from fedmech_flwr.outputs import declarations, recorded_flags
 from fedmech_flwr.liveness import FolderLock, live_holder, writer_alive, writer_gone, writer_of
+from fedmech_flwr.outputs import declarations, recorded_flags
 from fedmech_flwr.run_folder import RunFolder, read_outputs, read_records
 from fedmech_flwr.run_reader import read_run, read_sweep
 from fedmech_flwr.tools.cli import main

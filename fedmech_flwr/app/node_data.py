@@ -25,8 +25,8 @@ from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.data import DatasetBundle, Pixels, npz_arrays
 from fedmech_flwr.errors import BadFileError
 from fedmech_flwr.experiment import client_partitions, load_data
-from fedmech_flwr.registry import did_you_mean
 from fedmech_flwr.experiment import memory_available_gib
+from fedmech_flwr.registry import did_you_mean
 
 MIN_SAMPLES = 10
 """Fewest training samples a node may bring: fewer make an update that is mostly noise,

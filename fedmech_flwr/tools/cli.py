@@ -42,12 +42,13 @@ from fedmech_flwr.commands import COMMANDS, Help
 from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
 from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
 from fedmech_flwr.experiment import check_simulated, load_experiment
-from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.liveness import FolderLock
+from fedmech_flwr.registry import Entry, Registry, did_you_mean
 from fedmech_flwr.run_folder import (
     APP_DIR, CONFIG_FILE, DIAGNOSES_FILE, LOCK_FILE, STATE_FILE, RunFolder, read_outputs, read_records, read_status,
 )
 from fedmech_flwr.safe_text import PrintableFormatter, printable, printable_lines
+from fedmech_flwr.tools.deployment import deploy_local, node_configs, node_data_entries
 from fedmech_flwr.tools.finish import (
     PAGE_DIR,
     PAPER_VALUES,
@@ -57,12 +58,15 @@ from fedmech_flwr.tools.finish import (
     stopped_by_signals,
     write_page,
 )
-from fedmech_flwr.tools.launch import LaunchResult, deploy_local, launch, node_configs, node_data_entries
+from fedmech_flwr.tools.local_flower import LaunchResult
+from fedmech_flwr.tools.simulation import launch
 from fedmech_flwr.typed import describe_fields
 from fedmech_flwr.yaml_text import read_yaml_file
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
+LAUNCHERS = ("fedmech_flwr.tools.local_flower", "fedmech_flwr.tools.simulation", "fedmech_flwr.tools.deployment")
+"""The modules whose log says what a launch started, and where: shown at INFO."""
 
 
 def _validate(args: argparse.Namespace):
@@ -760,7 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    logging.getLogger("fedmech_flwr.tools.launch").setLevel(logging.INFO)  # what it started, and where
+    for launcher in LAUNCHERS:
+        logging.getLogger(launcher).setLevel(logging.INFO)  # what it started, and where
     try:
         parser = build_parser()  # it loads the plug-ins: a broken entry point stops every command
     except ConfigError as err:

@@ -30,7 +30,7 @@ base would take (kept in the manifest). A cell is named by its axis labels and s
 The sweep folder, ``<out>/<name>[-<preset>]``, holds ``sweep.json`` (the manifest: cells,
 their overrides and resolved configs, status, wall time), ``runs/<cell>/`` (ordinary run
 folders) and ``logs/<cell>.log`` (Flower's stream of each cell). Each worker runs its
-cells on one warm SuperLink and Ray (``launch.WarmSimulations``). Running the same
+cells on one warm SuperLink and Ray (``simulation.WarmSimulations``). Running the same
 command again continues: completed cells are skipped, cells a kill or Ctrl-C stopped are
 resumed from their last completed round (``fedmech run --resume``), failed ones are
 rerun only with ``retry_failed``.
@@ -64,14 +64,15 @@ from fedmech_flwr.config import (
 )
 from fedmech_flwr.errors import ConfigError, RunFolderError, brief
 from fedmech_flwr.experiment import check_simulated, parse_experiment
+from fedmech_flwr.experiment import memory_available_gib
 from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.liveness import FolderLock, writer_alive
-from fedmech_flwr.experiment import memory_available_gib
 from fedmech_flwr.run_folder import (
     CONFIG_FILE, LOCK_FILE, SWEEP_LOCK_FILE, SWEEP_MANIFEST_FILE, RunFolder, read_records, read_status,
 )
 from fedmech_flwr.tools.finish import finish_run, interrupt_run
-from fedmech_flwr.tools.launch import WarmSimulations, private_ray_cpus, stop_all
+from fedmech_flwr.tools.local_flower import stop_all
+from fedmech_flwr.tools.simulation import WarmSimulations, private_ray_cpus
 from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)

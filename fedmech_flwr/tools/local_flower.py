@@ -1,25 +1,15 @@
-"""Run an experiment with real ``flwr run`` on a private, short-lived local Flower.
-
-Two engines, one machinery:
-
-- ``launch`` and ``Simulation``: a ``flower-superlink --simulation`` and a private Ray
-  head (or an existing Ray cluster when ``simulation.ray_address`` is set), started side
-  by side; a sweep keeps one ``Simulation`` warm for many runs, each still its own Flower
-  run with its own run id;
-- ``deploy_local``: the Deployment Engine on localhost, a ``flower-superlink`` and N
-  ``flower-supernode`` processes (each told its partition, or its own data, through
-  ``--node-config``), optionally with TLS and SuperNode authentication.
+"""A private, short-lived local Flower: its own FLWR_HOME, SuperLink and (for a
+simulation) Ray, the processes started in it, and ``flwr run`` against it.
 
 Each launch uses free ports, a neutral working directory and its own FLWR_HOME, so runs
 never pick up another checkout's code through a shared managed SuperLink (Ray actors put
 the SuperLink's working directory first on ``sys.path``). ``flwr run`` gets a copy of the
-app's sources (``stage_app``): from the app's own folder Flower would walk a virtual
-environment of tens of thousands of files to build the bundle. Runtime dependency
-installation is off (it would ``uv sync`` a fresh environment over the installed torch). The run's real
-status is read from ``flwr list`` (``flwr run --stream`` exits 0 even when the run failed),
-and everything started here is stopped before returning, also on an exception or SIGTERM
-(which the CLI turns into one). If this process dies without unwinding (SIGKILL), a small
-reaper (``fedmech_flwr.tools.reaper``) kills what it started and removes its private folder.
+app's sources (``app_staging``). Runtime dependency installation is off (it would ``uv
+sync`` a fresh environment over the installed torch). The run's real status is read from
+``flwr list`` (``flwr run --stream`` exits 0 even when the run failed), and everything
+started here is stopped before returning, also on an exception or SIGTERM (which the CLI
+turns into one). If this process dies without unwinding (SIGKILL), a small reaper
+(``fedmech_flwr.tools.reaper``) kills what it started and removes its private folder.
 """
 
 from __future__ import annotations
@@ -32,29 +22,24 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.data import npz_arrays
 from fedmech_flwr.errors import StartError
-from fedmech_flwr.liveness import process_alive
 from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR
-from fedmech_flwr.safe_text import strip_colours
-from fedmech_flwr.safe_text import printable
+from fedmech_flwr.tools.app_staging import stage_app
 from fedmech_flwr.tools.finish import output_failure
+from fedmech_flwr.tools.flwr_console import RUN_LOG, Console
+from fedmech_flwr.tools.processes import stop_processes
 from fedmech_flwr.tools.reaper import MARKER, kill_launch, start_reaper
 
 log = logging.getLogger(__name__)
@@ -68,20 +53,6 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "PYTHONUNBUFFERED": "1",
 }
-MAKE_CERTS = APP_DIR / "scripts" / "make_certs.sh"
-RUN_LOG = "flwr_run"
-"""``logs/flwr_run.log``: the whole stream of ``flwr run`` (Flower's, Ray's and the ServerApp's log), in ``logs/``."""
-HIDDEN = re.compile("|".join([
-    r"Since flwr 1\.32, default simulated SuperNodes changed",  # fedmech always sets the number
-    r"To change federation size, use the following command|flwr federation simulation-config",
-    r"FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator",
-    r"^\s*warnings\.warn\($",  # the line under that FutureWarning
-    r"fraction_evaluate is set to 0\.0\. Federated evaluation will be skipped",  # the server evaluates
-]))
-"""Lines of Flower's and Ray's log that are wrong or moot for a fedmech run: never shown."""
-LONG_LINE = 300
-"""A longer line (Flower prints the whole experiment as one) is cut on the console."""
-OWN_LINE = re.compile(r"^fedmech (INFO|WARNING|ERROR): (.*)$")
 NODES_TIMEOUT_S = 120.0
 """How long ``deploy_local`` waits for its SuperNodes to come online."""
 RAY_TIMEOUT_S = 120.0
@@ -94,8 +65,6 @@ SUPERLINK_PORTS = 5
 """How many ports a SuperLink is started on before giving up (``start_superlink``)."""
 ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
 """How the SuperLink's log says that another program holds its port."""
-APP_SUFFIXES = {".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl"}
-"""What Flower puts in an app bundle (besides a root ``LICENSE``); ``stage_app`` copies these."""
 
 
 @dataclass
@@ -111,44 +80,6 @@ class LaunchResult:
         return self.status == "finished:completed"
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """The files ``scripts/make_certs.sh DIR N`` writes: a CA, the SuperLink's certificate
-    and key, and one SSH-format ECDSA key pair per SuperNode (``node_I``, ``node_I.pub``)."""
-
-    folder: Path
-
-    @property
-    def ca(self) -> Path:
-        return self.folder / "ca.crt"
-
-    @property
-    def server(self) -> tuple[Path, Path]:
-        return self.folder / "server.crt", self.folder / "server.key"
-
-    def node_key(self, i: int) -> Path:
-        return self.folder / f"node_{i}"
-
-    def check(self, num_nodes: int, auth: bool) -> None:
-        """Fail with what is missing and how to make it."""
-        needed = [self.ca, *self.server] + [p for i in range(num_nodes if auth else 0)
-                                            for p in (self.node_key(i), self.node_key(i).with_suffix(".pub"))]
-        missing = [str(p) for p in needed if not p.is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"credentials for {num_nodes} SuperNode(s) expected in {self.folder}, missing: "
-                f"{', '.join(missing)}; create them with: {MAKE_CERTS} {self.folder} {num_nodes}"
-            )
-
-
-def make_credentials(folder: Path, num_nodes: int) -> Credentials:
-    """Fresh TLS certificates and SuperNode keys from ``scripts/make_certs.sh``."""
-    done = subprocess.run(["bash", str(MAKE_CERTS), str(folder), str(num_nodes)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{MAKE_CERTS} failed (needs openssl and ssh-keygen): {done.stderr.strip()}")
-    return Credentials(folder)
-
-
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 """The ports Linux hands to a socket that asks for any port (Ray's workers and clients, every
 outgoing connection); on other systems IANA's 49152 and up."""
@@ -157,7 +88,7 @@ PORTS_FROM = 20000
 _ports = random.SystemRandom()  # not the random a seeded run or test controls: two launches must not agree
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A port free now, on every address, chosen below the ephemeral range: a port the
     system hands out to whoever asks for any port can be taken between this choice and the
     bind of whoever it is for (a Ray beside this one lost its client server that way, and
@@ -213,37 +144,7 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
-class Console:
-    """What a run's console shows of the ``flwr run`` stream; every line also goes, whole,
-    to ``log``.
-
-    Quiet (the default): only this project's round lines, warnings and errors, without
-    their ``fedmech INFO:`` prefix. Verbose: everything but ``HIDDEN``, long lines cut.
-    """
-
-    def __init__(self, stream: TextIO, log: TextIO, verbose: bool = False) -> None:
-        self.stream, self.log, self.verbose = stream, log, verbose
-
-    def write(self, line: str) -> None:
-        self.log.write(line)
-        text = strip_colours(line).rstrip("\n")
-        if self.verbose:
-            if HIDDEN.search(text):
-                return
-            if len(text) > LONG_LINE:
-                text = f"{text[:LONG_LINE]} ... ({len(text) - LONG_LINE} more characters in {LOGS_DIR}/{RUN_LOG}.log)"
-        elif own := OWN_LINE.match(text):
-            level, message = own.groups()
-            if level == "INFO" and not message.startswith(("round ", "Resuming ")):
-                return
-            text = message if level == "INFO" else f"{level.lower()}: {message}"
-        else:
-            return
-        self.stream.write(printable(text) + "\n")  # a run name, a plug-in's message: shown, never obeyed
-        self.stream.flush()
-
-
-class _LocalFlower:
+class LocalFlower:
     """A private FLWR_HOME with one SuperLink connection, its environment, and every
     process started in it (``close`` stops them all).
 
@@ -257,7 +158,7 @@ class _LocalFlower:
         """``port``: the SuperLink's; None: a free one, chosen again should another program
         take it first (``start_superlink``)."""
         self.home, self.ca = home, ca
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.port_chosen = not port
         self.ray_head: subprocess.Popen | None = None
         self.ray_args: list[str] = []
@@ -324,7 +225,7 @@ class _LocalFlower:
         """Start a private Ray head (``ray start --block``, stopped with the rest) that
         every simulation of this SuperLink joins through ``RAY_ADDRESS``. It starts beside
         the SuperLink instead of inside each run; a run's ``ray.init`` waits for it."""
-        port = _free_port()
+        port = free_port()
         self.env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
         # Ray would start a worker per CPU for the first run's driver; Flower's actors never use
         # them (they need the job's runtime environment), so they only took CPU from the run's start
@@ -333,8 +234,8 @@ class _LocalFlower:
             "ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--include-dashboard", "false", "--disable-usage-stats", *(["--num-cpus", str(num_cpus)] if num_cpus else []),
             # `ray start` binds fixed ports that a second Ray on the machine would also take; these are free ones
-            "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-port", str(_free_port()),
+            "--min-worker-port", "0", "--max-worker-port", "0", "--ray-client-server-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()), "--dashboard-port", str(free_port()),
             "--no-monitor",  # the autoscaler's monitor: a private head of fixed size has nothing to scale
         ]
         self.ray_head = self.start("ray", self.ray_args)
@@ -391,7 +292,7 @@ class _LocalFlower:
                 what = "run the command again" if self.port_chosen else "give another --port, or leave it out"
                 raise StartError(f"flower-superlink could not start: port(s) {ports} taken by another program; {what}")
             log.info("port %d was taken by another program; starting flower-superlink on another port", self.port)
-            self.port = _free_port()
+            self.port = free_port()
         tls = f'root-certificates = "{self.ca}"' if self.ca else "insecure = true"
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
@@ -446,7 +347,7 @@ class _LocalFlower:
         stdout) through a ``Console``, keep all of it in ``logs/flwr_run.log``, and read
         the run's final status."""
         cmd = [_bin("flwr"), "run", str(self.stage(app)), CONNECTION, "--stream",
-               "--run-config", " ".join(f"{k}={_quote(v)}" for k, v in run_config.items())]
+               "--run-config", " ".join(f"{k}={toml_quoted(v)}" for k, v in run_config.items())]
         if federation_config:
             cmd += ["--federation-config", federation_config]
         run_id = None
@@ -483,7 +384,7 @@ class _LocalFlower:
                                  f"{said or 'no message'}); its log is the run folder's logs/ray.log; run the "
                                  "command again (--resume continues a run that had started)")
                 log.error(self.ray_lost)
-                _stop(*(p for p in self.procs if p is not self.ray_head), grace_s=5.0)
+                stop_processes(*(p for p in self.procs if p is not self.ray_head), grace_s=5.0)
                 return
             time.sleep(0.5)
 
@@ -503,18 +404,18 @@ class _LocalFlower:
         if self.closed:
             return
         self.closed = True
-        _stop(*self.procs, grace_s=20.0 if self.running else 0.0)
+        stop_processes(*self.procs, grace_s=20.0 if self.running else 0.0)
         kill_launch(self.home)
         self.reaper.kill()
         self.reaper.wait()
 
 
-_OPEN: set[_LocalFlower] = set()
+_OPEN: set[LocalFlower] = set()
 """The local Flowers of this process that are running (``stop_all`` stops them)."""
 _OPEN_LOCK = threading.Lock()
 
 
-def _opened(stack: ExitStack, flower: _LocalFlower) -> _LocalFlower:
+def opened(stack: ExitStack, flower: LocalFlower) -> LocalFlower:
     """Track ``flower`` until ``stack`` closes it."""
     with _OPEN_LOCK:
         _OPEN.add(flower)
@@ -537,7 +438,7 @@ def stop_all() -> None:
         flower.close()
 
 
-def _quote(value: str) -> str:
+def toml_quoted(value: str) -> str:
     """A run-config value as a TOML string that Flower's ``--run-config`` parser keeps whole.
 
     Flower cuts ``key=value`` pairs with a regex that ends a quoted value at the next ``"``,
@@ -547,271 +448,7 @@ def _quote(value: str) -> str:
     return '"' + json.dumps(value)[1:-1].replace('"', "u0022") + '"'
 
 
-class Simulation:
-    """A local simulation SuperLink that runs one ``flwr run`` after another, each a Flower
-    run of its own (run id, logs), and the Ray its runs join: an existing cluster when
-    ``ray_address`` names one, else a private Ray head with ``num_cpus`` CPUs (default:
-    all) started beside the SuperLink. A lone ``fedmech run`` uses it once (Ray starts
-    while the SuperLink does, and a run leaves Ray faster than it stops a Ray of its
-    own); a sweep's worker keeps it warm for its cells. ``stack`` stops it."""
-
-    def __init__(self, stack: ExitStack, ray_address: str | None = None, num_cpus: int | None = None) -> None:
-        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedmech-flwr-")))
-        self.flower = _opened(stack, _LocalFlower(home, None, ray_address=ray_address))
-        self.ray_address = ray_address
-        if ray_address:
-            log.info("simulation uses the existing Ray cluster at %s", ray_address)
-        else:
-            self.flower.start_ray_head(num_cpus)
-        self.flower.start_superlink("--insecure", "--simulation", "--isolation", "subprocess")
-
-    def alive(self) -> bool:
-        return self.flower.alive()
-
-    def run(self, run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
-            stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
-        """``flwr run`` an app with ``run_config`` (see ``launch``; ``sim`` gives the clients'
-        resources); its logs go to its run folder."""
-        federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={sim.cpus_per_client} "
-                      f"client-resources-num-gpus={sim.gpus_per_client}")
-        since = self.flower.log_sizes()
-        try:
-            result = self.flower.run(run_config, federation, stream, app, verbose)
-        finally:
-            logs_error = self.flower.keep_logs(_run_dir(run_config), since)
-        return replace(result, logs_error=logs_error)
-
-
-class WarmSimulations:
-    """One warm ``Simulation`` per worker thread of a sweep: a cell runs on its thread's
-    (one on the cell's Ray address, started on first use), so a thread pays the
-    SuperLink's and Ray's start once, not once per cell. A simulation that a process of
-    it left, or that a failed run may have left in a bad state (``discard``), is replaced
-    by a fresh one. ``close`` stops them all."""
-
-    def __init__(self, num_cpus: int | None = None) -> None:
-        self.num_cpus = num_cpus
-        self.local = threading.local()
-        self.stacks: list[ExitStack] = []
-        self.lock = threading.Lock()
-
-    def get(self, ray_address: str | None) -> Simulation:
-        current = getattr(self.local, "simulation", None)
-        if current is not None and current.alive() and current.ray_address == ray_address:
-            return current
-        self.discard()
-        stack = ExitStack()
-        with self.lock:
-            self.stacks.append(stack)
-        self.local.stack = stack
-        self.local.simulation = Simulation(stack, ray_address, self.num_cpus)
-        return self.local.simulation
-
-    def discard(self) -> None:
-        """Stop this thread's simulation; its next cell starts a fresh one."""
-        if getattr(self.local, "simulation", None) is not None:
-            self.local.simulation = None
-            self.local.stack.close()  # and again, as a no-op, in ``close``
-
-    def close(self) -> None:
-        with self.lock:
-            stacks, self.stacks = self.stacks, []
-        for stack in stacks:
-            stack.close()
-
-
-def private_ray_cpus(clients_cpus: int, share: int | None = None) -> int:
-    """The CPUs a private Ray gets: its ``share`` of this machine (default: all of it), but
-    no more than ``clients_cpus``, what every client of the federation at once would take
-    (clients x ``simulation.cpus_per_client``). Flower starts one client actor for every
-    ``cpus_per_client`` CPUs of the cluster, needed or not, and each is a process that
-    imports torch (seconds of CPU, a few hundred MiB): without the cap a 3-client run on
-    32 cores would start 32."""
-    return min(share or os.cpu_count() or 1, clients_cpus)
-
-
-def launch(run_config: dict[str, str], num_supernodes: int, sim: SimulationConfig, *,
-           stream: TextIO | None = None, app: Path = APP_DIR, verbose: bool = False) -> LaunchResult:
-    """``flwr run`` an app (this one by default; a user's own Flower app, say) with
-    ``run_config`` on a fresh local ``Simulation``.
-
-    The clients' resources go to Flower's Ray backend through ``--federation-config``;
-    ``sim.ray_address`` runs them on an existing Ray cluster instead of a private Ray. What
-    the console shows goes to ``stream`` (default: stdout; ``verbose``: Flower's whole
-    log); the logs of Flower, Ray and the run end up in the run folder's ``logs/``.
-    """
-    with ExitStack() as stack:
-        simulation = Simulation(stack, sim.ray_address, private_ray_cpus(num_supernodes * sim.cpus_per_client))
-        return simulation.run(run_config, num_supernodes, sim, stream=stream, app=app, verbose=verbose)
-
-
-def stage_app(app: Path, into: Path) -> Path:
-    """Copy the files of ``app`` that Flower may bundle into ``into`` (see ``_LocalFlower.stage``),
-    in the layout the app installs as: a top-level folder that its ``pyproject.toml`` maps to
-    another package (``[tool.setuptools.package-dir]``: ``clients`` is
-    ``fedmech_flwr.builtin.clients``) goes there. The bundle's folder is first on the
-    ServerApp's and ClientApps' ``sys.path``, so a top-level ``clients`` or ``strategies``
-    in it would hide a user's own package of that name."""
-    ignored = _gitignore(app)
-    moved = _installed_at(app)
-    for folder, dirs, files in os.walk(app):
-        relative = Path(folder).relative_to(app)
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"
-                   and not ignored((relative / d).as_posix() + "/")]
-        parts = relative.parts
-        target = into / moved[parts[0]] / Path(*parts[1:]) if parts and parts[0] in moved else into / relative
-        for name in files:
-            path = (relative / name).as_posix()
-            if (Path(name).suffix in APP_SUFFIXES or path in ("LICENSE", ".gitignore")) and not ignored(path):
-                target.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(Path(folder) / name, target / name)
-    return into
-
-
-def _installed_at(app: Path) -> dict[str, Path]:
-    """Top-level folders of ``app`` that install as a package of another path, and that path
-    (``clients`` -> ``fedmech_flwr/builtin/clients``), from its ``pyproject.toml``."""
-    import tomllib
-
-    try:
-        mapping = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
-        return {}
-    return {folder: Path(*package.split(".")) for package, folder in mapping.items()
-            if package and isinstance(folder, str) and "/" not in folder and Path(*package.split(".")) != Path(folder)}
-
-
-def _gitignore(app: Path) -> Callable[[str], bool]:
-    """Whether a relative path (a folder's with a trailing ``/``) is named by ``app/.gitignore``."""
-    import pathspec  # Flower's own dependency for the same rules
-
-    source = app / ".gitignore"
-    spec = pathspec.GitIgnoreSpec.from_lines(source.read_text().splitlines() if source.is_file() else [])
-    return spec.match_file
-
-
-def node_data_entries(folder: Path) -> list[Path]:
-    """The per-node data in ``folder`` (``--node-data``): its files and folders, sorted,
-    hidden ones left out; each is one node's ``data-path``. Each file's array headers are
-    checked against its size here (``npz_arrays``), before anything starts: a damaged file
-    is a BadFileError naming it, not a node refusing mid-run."""
-    if not folder.is_dir():
-        raise FileNotFoundError(f"--node-data {folder} is not a folder; give a folder holding one .npz file or "
-                                "image folder per node (scripts/write_node_data.py writes one)")
-    entries = sorted(p.resolve() for p in folder.iterdir() if not p.name.startswith("."))
-    if not entries:
-        raise FileNotFoundError(f"--node-data {folder} is empty; put one .npz file or image folder per node in it")
-    for entry in entries:
-        if entry.is_file():
-            npz_arrays(entry)
-    return entries
-
-
-def node_configs(num_nodes: int, node_data: list[Path]) -> list[str]:
-    """``--node-config`` of each SuperNode: shard nodes first (``partition-id=i
-    num-partitions=num_nodes``), then one node per ``node_data`` entry (``data-path``, and
-    ``node-name``: the entry's name without suffix)."""
-    if len(node_data) > num_nodes:
-        raise ValueError(f"--node-data holds {len(node_data)} entries but federation.num_clients is {num_nodes}; "
-                         f"set federation.num_clients to at least {len(node_data)}")
-    shards = [f"partition-id={i} num-partitions={num_nodes}" for i in range(num_nodes - len(node_data))]
-    return shards + [f"data-path={_quote(str(p))} node-name={_quote(p.stem)}" for p in node_data]
-
-
-def deploy_local(
-    run_config: dict[str, str],
-    num_nodes: int,
-    *,
-    tls: bool = False,
-    auth: bool = False,
-    certs: Path | None = None,
-    port: int | None = None,
-    node_data: list[Path] | None = None,
-    verbose: bool = False,
-) -> LaunchResult:
-    """``flwr run`` this app on a local Deployment Engine: one SuperLink, ``num_nodes``
-    SuperNodes (``node_configs``): shard nodes, and one node with its own data per
-    ``node_data`` entry.
-
-    ``auth`` (SuperNode authentication; Flower requires TLS for it) registers each node's
-    public key with the SuperLink before the node starts. ``certs`` (implies ``tls``) is a
-    folder made by ``scripts/make_certs.sh`` (default: fresh credentials for this run). The SuperLink and
-    SuperNode logs end up in ``<run folder>/logs`` (or, without a run folder, their tail
-    in the log).
-    """
-    tls = tls or auth or certs is not None
-    with tempfile.TemporaryDirectory(prefix="fedmech-deploy-") as tmp, ExitStack() as stack:
-        home = Path(tmp)
-        creds = None
-        if tls:
-            creds = Credentials(certs) if certs else make_credentials(home / "certs", num_nodes if auth else 0)
-            creds.check(num_nodes, auth)
-        flower = _LocalFlower(home, port, creds.ca if creds else None)
-        kept: list[str | None] = []  # once all is stopped (callbacks run LIFO)
-        stack.callback(lambda: kept.append(flower.keep_logs(_run_dir(run_config), {})))
-        _opened(stack, flower)
-        if creds:
-            cert, key = creds.server
-            security = ["--ssl-ca-certfile", str(creds.ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
-        else:
-            security = ["--insecure"]
-        flower.start_superlink(*security, *(["--enable-supernode-auth"] if auth else []))
-        nodes = []
-        for i, node_config in enumerate(node_configs(num_nodes, node_data or [])):
-            node_flags = ["--root-certificates", str(creds.ca)] if creds else ["--insecure"]
-            if auth:
-                flower.flwr("supernode", "register", str(creds.node_key(i).with_suffix(".pub")), CONNECTION)
-                node_flags += ["--auth-supernode-private-key", str(creds.node_key(i))]
-            nodes.append(flower.start(f"supernode_{i}", [
-                "flower-supernode", *node_flags, "--superlink", f"127.0.0.1:{flower.port}",
-                "--port", str(_free_port()), "--node-config", node_config,
-            ]))
-        flower.wait_for_nodes(nodes)
-        security_name = "TLS, SuperNode auth" if auth else "TLS" if tls else "insecure"
-        own = f"; {len(node_data)} with their own data" if node_data else ""
-        log.info("%d SuperNodes online at SuperLink 127.0.0.1:%d (%s%s)", num_nodes, flower.port, security_name, own)
-        result = flower.run(run_config, verbose=verbose)
-    return replace(result, logs_error=kept[0])
-
-
-def _run_dir(run_config: dict[str, str]) -> Path | None:
+def run_folder_of(run_config: dict[str, str]) -> Path | None:
     """The run folder ``fedmech run`` chose (or resumes); None for a user's own app."""
     folder = run_config.get("resume") or run_config.get("run-dir")
     return Path(folder) if folder else None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc; empty elsewhere). The SuperLink starts
-    the simulation (and so Ray) in sessions of their own, out of reach of killpg."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _stop(*procs: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """Stop processes and everything they started (simulation, Ray, ClientApps), all at
-    once: SIGTERM, then SIGKILL to whatever is still alive after ``grace_s``."""
-    pids = [pid for proc in procs for pid in (proc.pid, *descendants(proc.pid))]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
-            time.sleep(0.1)
-        if not any(process_alive(pid) for pid in pids):
-            break
-    for proc in procs:
-        proc.wait(timeout=10)
