@@ -123,7 +123,7 @@ class _InProcess:
 
     def run(self, run_config, num_clients, simulation, stream=None, verbose=False):
         from fedmech_flwr.app.inprocess import _grid
-        from fedmech_flwr.app.run import run_experiment
+        from fedmech_flwr.app.experiment_run import run_experiment
         from fedmech_flwr.experiment import load_experiment
         from fedmech_flwr.tools.local_flower import LaunchResult
 

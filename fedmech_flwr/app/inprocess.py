@@ -27,7 +27,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run as FlowerRun  # the project's own Run is fedmech_flwr.app.run.Run
 
-from fedmech_flwr.app.run import resume_config, run_experiment
+from fedmech_flwr.app.experiment_run import resume_config, run_experiment
 from fedmech_flwr.config import ExperimentConfig
 from fedmech_flwr.testing import FIRST_CLIENT_NODE_ID, server_identity
 from fedmech_flwr.testing import train_replies  # noqa: F401  (its old home: tests import it from here)

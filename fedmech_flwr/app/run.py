@@ -1,7 +1,7 @@
 """One run, from roster to final model: the lifecycle ``fedmech run`` and ``WithDiagnostics`` share.
 
-Both front ends only prepare a ``RunInputs``: ``run_experiment`` (``fedmech run``'s
-ServerApp, and the in-process runner) from an experiment, and
+Both front ends only prepare a ``RunInputs``: ``fedmech_flwr.app.experiment_run``
+(``fedmech run``'s ServerApp, and the in-process runner) from an experiment, and
 ``fedmech_flwr.app.flower.WithDiagnostics`` from a user's own Flower app. ``Run`` does the
 rest, in this order:
 
@@ -39,7 +39,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -48,7 +47,6 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedmech_flwr import plugins
 from fedmech_flwr.app import ray_actors
-from fedmech_flwr.app.node_data import NodeDataSpec
 from fedmech_flwr.app.protocol import (
     SHARD,
     ClientFailure,
@@ -58,24 +56,13 @@ from fedmech_flwr.app.protocol import (
     failure_reason,
     simulated_roster,
 )
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, non_finite, to_record
+from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
-from fedmech_flwr.data import DatasetBundle
 from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
-from fedmech_flwr.experiment import (
-    audit_indices,
-    check_disjoint_from_test,
-    client_partitions,
-    load_data,
-    load_experiment,
-    model_builder,
-    new_model,
-)
 from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
 from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared, unshown
-from fedmech_flwr.partition import label_histograms
 from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.pruning import layer_sparsity, overall_sparsity, prune_to
+from fedmech_flwr.pruning import layer_sparsity, overall_sparsity
 from fedmech_flwr.registry import BUILT_IN
 from fedmech_flwr.run_folder import CONFIG_FILE, METRICS_FILE, STATE_FILE, ResumePoint, RunFolder, read_records
 from fedmech_flwr.strategy import (
@@ -84,11 +71,10 @@ from fedmech_flwr.strategy import (
     STRATEGIES,
     ReportsAnotherModel,
     StartsFromItsOwnModel,
-    StrategyContext,
 )
 from fedmech_flwr.tensorboard_events import EventFiles
-from fedmech_flwr.training import EvalResult, evaluate, resolve_device
-from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
+from fedmech_flwr.training import EvalResult, evaluate
+from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
 
 log = logging.getLogger(__name__)
 
@@ -545,91 +531,6 @@ def _check_finite(server_round: int, loss: float, arrays: NamedArrays, last_good
     )
 
 
-# --- fedmech run's front end ---------------------------------------------------------------
-
 def output_root(cfg: ExperimentConfig | FlowerAppConfig, out: str | None = None) -> Path:
     """``--out`` beats ``FEDMECH_OUT`` beats the config's ``output_root``."""
     return Path(out or os.environ.get("FEDMECH_OUT") or cfg.output_root).expanduser().resolve()
-
-
-def resume_config(run_dir: str | Path) -> ExperimentConfig:
-    """The resolved config saved in a run folder that can be resumed (else a clear error)."""
-    return load_experiment(RunFolder.resume(run_dir).path / CONFIG_FILE)
-
-
-def run_experiment(grid: Grid, cfg: ExperimentConfig, *, out: str | None = None, run_dir: str | None = None,
-                   run_config: dict[str, Any] | None = None, resume: bool = False) -> Path:
-    """Run ``cfg`` on ``grid``; return the run folder. Bad input fails before it exists.
-
-    With ``resume``, ``run_dir`` is a killed run's folder (and ``cfg`` its config): the run
-    continues there from the last round the folder committed.
-    """
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    device = resolve_device(cfg.device)
-    server = ServerData.of(cfg, device)
-    bundle, parts, datasets = server.bundle, server.parts, server.datasets
-    initial = model_arrays(new_model(cfg, bundle, device))
-    build = model_builder(cfg, bundle, device)
-    hist = label_histograms(parts, bundle.y_train.numpy(), bundle.num_classes).astype(int)
-    pruning = cfg.pruning
-    inputs = RunInputs(
-        cfg, cfg.to_plain(), new_strategy(cfg, server, initial, build), build, device,
-        bundle.num_classes, list(bundle.class_names), datasets,
-        identify=ConfigRecord({CONFIG_KEY: cfg.to_json(), DATA_SPEC_KEY: NodeDataSpec.of(bundle).to_json()}),
-        out_root=output_root(cfg, out), run_dir=run_dir, resume=resume,
-        shards={partition_id: (len(part), hist[partition_id].tolist())
-                for partition_id, part in enumerate(parts)},
-        reprune=partial(_reprune, cfg, build) if pruning.mode == "magnitude" and pruning.server_reprune else None,
-        run_config=run_config or {},
-    )
-    run = Run(inputs)
-    run.execute(grid, initial)
-    return run.folder.path
-
-
-@dataclass(frozen=True)
-class ServerData:
-    """What the server of ``fedmech run``'s own experiment holds: the dataset, every
-    client's partition, and the labelled sets its diagnostics read (``RoundState.datasets``:
-    ``test``, ``audit`` when the config names one, ``pooled`` when a diagnostic needs it)."""
-
-    bundle: DatasetBundle
-    parts: list[np.ndarray]
-    datasets: dict[str, LabelledSet]
-
-    @classmethod
-    def of(cls, cfg: ExperimentConfig, device: torch.device) -> ServerData:
-        """Derived from the config and seed alone, as the run made them (``fedmech diagnose``
-        makes them again); the audit set is checked against the test set."""
-        bundle = load_data(cfg)
-        held_out = audit_indices(cfg, bundle)
-        parts = client_partitions(cfg, bundle, held_out)
-        audit = torch.from_numpy(held_out)
-        audit_x = bundle.x_train[audit]
-        check_disjoint_from_test(audit_x, bundle.x_test)
-        datasets = {"test": (bundle.x_test.to(device), bundle.y_test.to(device))}
-        if len(audit):
-            datasets["audit"] = (audit_x.to(device), bundle.y_train[audit].to(device))
-        if any(spec.build().needs_pooled_data() for spec in cfg.diagnostics):
-            pooled = torch.from_numpy(np.sort(np.concatenate(parts)))  # every client's shard: a simulation-only oracle
-            datasets["pooled"] = (bundle.x_train[pooled].to(device), bundle.y_train[pooled].to(device))
-        return cls(bundle, parts, datasets)
-
-
-def new_strategy(cfg: ExperimentConfig, server: ServerData, initial: NamedArrays,
-                 build: Callable[[NamedArrays], torch.nn.Module]) -> Strategy:
-    """The experiment's strategy, built with what the server holds."""
-    context = StrategyContext(
-        num_classes=server.bundle.num_classes, num_rounds=cfg.federation.num_rounds, seed=cfg.seed,
-        round_timeout_s=cfg.federation.round_timeout_s, initial=initial, build_model=build,
-        audit=server.datasets.get("audit"), num_clients=cfg.federation.num_clients,
-        pruned=cfg.pruning.mode == "magnitude",
-    )
-    return STRATEGIES.get(cfg.strategy.name).factory(cfg.strategy.params, context)
-
-
-def _reprune(cfg: ExperimentConfig, build: Callable[[NamedArrays], torch.nn.Module], arrays: NamedArrays) -> NamedArrays:
-    """The aggregate pruned back to the target sparsity (the server's mask policy)."""
-    model = build(arrays)
-    prune_to(model, cfg.pruning.target_sparsity, cfg.pruning)
-    return model_arrays(model)

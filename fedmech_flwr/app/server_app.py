@@ -16,7 +16,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedmech_flwr import plugins
 from fedmech_flwr.app import link_index
-from fedmech_flwr.app.run import resume_config, run_experiment, show_logs
+from fedmech_flwr.app.experiment_run import resume_config, run_experiment
+from fedmech_flwr.app.run import show_logs
 from fedmech_flwr.experiment import load_experiment
 from fedmech_flwr.run_folder import APP_DIR
 

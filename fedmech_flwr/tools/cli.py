@@ -175,7 +175,7 @@ def _prepare_run(args: argparse.Namespace) -> tuple[ExperimentConfig, Path, dict
 
 def _resumed(args: argparse.Namespace) -> tuple[ExperimentConfig, Path]:
     """The config and folder of the run ``--resume`` names; refuse another config."""
-    from fedmech_flwr.app.run import resume_config
+    from fedmech_flwr.app.experiment_run import resume_config
 
     cfg = resume_config(args.resume)
     run_dir = Path(args.resume).expanduser().resolve()

@@ -34,8 +34,8 @@ from typing import Any
 from fedmech_flwr.arrays import load_arrays, model_arrays, save_arrays
 from fedmech_flwr.config import apply_overrides, plugin_registries
 from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.experiment import model_builder, new_model, parse_experiment
+from fedmech_flwr.files import write_text_atomic
 from fedmech_flwr.hooks import RoundState
 from fedmech_flwr.outputs import RERUN_FLAGS, record_key, rerun_flags
 from fedmech_flwr.run_folder import (
@@ -96,7 +96,7 @@ def diagnose_run(run_dir: Path, name: str, settings: list[str], rounds: list[int
     if diagnostic.needs_global_pass():
         raise ConfigError(f"{name} with these settings needs a round trip to the clients (their own data), which a "
                           "finished run cannot make; turn off its client-side options", "--set")
-    from fedmech_flwr.app.run import ServerData, new_strategy  # the server's side, as the run built it
+    from fedmech_flwr.app.experiment_run import ServerData, new_strategy  # the server's side, as the run built it
 
     device = resolve_device(cfg.device)
     server = ServerData.of(cfg, device)
