@@ -126,7 +126,7 @@ def test_the_report_and_export_show_them_under_a_generic_heading(lab, tmp_path):
 def test_tensorboard_shows_them(lab, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from fedmech_flwr.tensorboard_events import TENSORBOARD_DIR, EventFiles
+    from fedmech_flwr.app.tensorboard_events import TENSORBOARD_DIR, EventFiles
 
     records = read_records(lab_run(tmp_path / "run", lab))
     events = EventFiles(tmp_path, "name: t", CLASSES)

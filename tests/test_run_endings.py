@@ -23,8 +23,8 @@ from conftest import assert_same_run, run_folders, smoke_config
 from faults import fill
 from fedmech_flwr.app import run as run_module
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
+from fedmech_flwr.app.tensorboard_events import TENSORBOARD_DIR, EventFiles
 from fedmech_flwr.run_folder import RESERVE_FILE, RunFolder, read_records, read_status
-from fedmech_flwr.tensorboard_events import TENSORBOARD_DIR, EventFiles
 
 
 def full_before(monkeypatch, owner, name: str, disk: Path, when=lambda *args: True) -> None:

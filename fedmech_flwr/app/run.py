@@ -56,6 +56,7 @@ from fedmech_flwr.app.protocol import (
     failure_reason,
     simulated_roster,
 )
+from fedmech_flwr.app.tensorboard_events import EventFiles
 from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, non_finite, to_record
 from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
 from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
@@ -72,7 +73,6 @@ from fedmech_flwr.strategy import (
     ReportsAnotherModel,
     StartsFromItsOwnModel,
 )
-from fedmech_flwr.tensorboard_events import EventFiles
 from fedmech_flwr.training import EvalResult, evaluate
 from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
 
