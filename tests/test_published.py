@@ -11,8 +11,8 @@ import yaml
 
 from fedmech_flwr.errors import ConfigError
 from fedmech_flwr.outputs import declared
-from fedmech_flwr.stats import difference_ci
 from fedmech_flwr.tools.published import read_paper_values, verdict
+from fedmech_flwr.tools.report.stats import difference_ci
 
 VALUES = Path(__file__).parents[1] / "experiments" / "paper" / "values.yaml"
 TEXTS = Path(__file__).parents[2] / "shared" / "paper"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fedmech_flwr.stats import mean_ci
+from fedmech_flwr.tools.report.stats import mean_ci
 
 
 @pytest.mark.parametrize(("values", "t_quantile"), [

@@ -17,10 +17,10 @@ from fedmech_flwr.config import flatten_plain
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, per_class_values
 from fedmech_flwr.plotting import LevelPanel, band_panels, band_plot, heatmap, level_plot
 from fedmech_flwr.run_reader import FolderRun
-from fedmech_flwr.stats import mean_ci
 from fedmech_flwr.tools.published import PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.statistics import Group, Stat, axis_name, is_dense_control, skew_level
+from fedmech_flwr.tools.report.stats import mean_ci
 
 
 PER_FIGURE = 10

@@ -14,7 +14,7 @@ from typing import Any
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.outputs import ABSENT, Metric, latest, lookup
 from fedmech_flwr.run_reader import FolderRun
-from fedmech_flwr.stats import mean_ci
+from fedmech_flwr.tools.report.stats import mean_ci
 
 
 NOT_COMPARED = ("seed", "name", "output_root")

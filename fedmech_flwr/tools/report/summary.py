@@ -9,10 +9,10 @@ from typing import Any
 
 from fedmech_flwr.config import differing_keys, flatten_plain
 from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared
-from fedmech_flwr.stats import difference_ci, mean_ci
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.statistics import Group, Stat, control_of, skew_level
+from fedmech_flwr.tools.report.stats import difference_ci, mean_ci
 
 
 IID = {"data.partition.name": "iid"}
