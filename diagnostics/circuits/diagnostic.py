@@ -82,7 +82,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs, seed_for, torch_generator
+from fedmech_flwr.api import ConfigError, DataInfo, ExperimentConfig, Metric, Outputs, torch_generator
 from fedmech_flwr.api._builtin import (
     DEGENERATE_FRACTION,
     Clock,
@@ -110,12 +110,12 @@ from .ablation import (
 )
 from .discovery import discover_circuits, learn_circuits
 from .gates import GateConfig
-from .metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty
+from .metrics import IOU_KEYS, circuit_iou, circuit_size, empty_iou_convention, is_empty
+from .plots import draw
 
 log = logging.getLogger(__name__)
 
 Variant = Literal["global", "cross", "local"]
-IOU_KEYS = ("intra_client", "inter_client", "local_to_global", "inter_class_local", "inter_class_global")
 PAIR_KEYS = IOU_KEYS[:3]
 """The IoUs between circuits of one class (per class, then a mean over classes)."""
 
@@ -408,88 +408,7 @@ class Circuits(Diagnostic):
 
     @classmethod
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
-        from fedmech_flwr.api._builtin import class_labels
-        from fedmech_flwr.api.diagnostic import heatmap, line_plot
-
-        if not records:
-            return []
-        window = records[-1].get("moving_average", 1)
-        convention = _convention(records[-1]["empty_iou"]) if "empty_iou" in records[-1] else UNRECORDED
-        lines, notes, undefined = {}, {}, []
-        for key in IOU_KEYS:
-            label = key.replace("_", " ")
-            points = [(r["round"], r["mean"][key]) for r in records if r["mean"].get(key) is not None]
-            if points:
-                lines[label] = _moving_average(points, window)
-                notes[label] = {r["round"]: str(r["pairs"][key]) for r in records if "pairs" in r}
-            gaps = [r["round"] for r in records if r["mean"].get(key) is None and r.get("undefined", {}).get(key)]
-            if gaps:
-                undefined.append(f"{label} in round(s) {', '.join(map(str, gaps))}")
-        out = []
-        if lines:
-            title = "Circuit IoU over rounds, mean over classes" + (f" (moving average of {window})" if window > 1 else "")
-            footnote = f"numbers: pairs each mean covers; {convention}"
-            if undefined:
-                footnote += "\nundefined (every pair empty in both circuits): " + "; ".join(undefined)
-            out.append(line_plot(lines, title, "IoU", plots_dir / "circuits_iou.png", (0.0, 1.05), notes, footnote))
-        classes = sorted({int(c) for r in records for c in r["per_class"]})
-        rounds = [r["round"] for r in records]
-        cells = [[r["per_class"].get(str(c), {}) for r in records] for c in classes]
-        matrix = np.array([[np.nan if v.get("local_to_global") is None else v["local_to_global"] for v in row]
-                           for row in cells])
-        if any("local_to_global_pairs" in v for row in cells for v in row) or np.isfinite(matrix).any():
-            notes_grid = np.array([[_cell_note(v, "local_to_global") for v in row] for row in cells])
-            hatch = np.array([[v.get("local_to_global_empty", 0) > 0 for v in row] for row in cells])
-            footnote = f"hatched: rests on empty circuits (count shown); grey: undefined or no client\n{convention}"
-            out.append(heatmap(matrix, rounds, class_labels(classes, class_names), "Local-to-global circuit IoU per class",
-                               plots_dir / "circuits_local_to_global.png", notes=notes_grid, hatch=hatch,
-                               footnote=footnote))
-        size_lines = {
-            f"{kind} circuits": [(r["round"], sum(v for v in r["sizes"][kind].values() if v is not None))
-                                 for r in records if any(v is not None for v in r["sizes"][kind].values())]
-            for kind in ("local", "global")
-        }
-        size_lines = {k: v for k, v in size_lines.items() if v}
-        if size_lines:
-            out.append(line_plot(size_lines, "Mean circuit size (channels over all gated layers)", "channels",
-                                 plots_dir / "circuits_size.png"))
-        kinds = sorted({kind for r in records for kind, c in r.get("circuit_counts", {}).items() if c["circuits"]})
-        if kinds:
-            empty_lines = {f"{kind} circuits": [(r["round"], c["empty"] / c["circuits"]) for r in records
-                                                if (c := r["circuit_counts"].get(kind, {})).get("circuits")]
-                           for kind in kinds}
-            empty_notes = {f"{kind} circuits": {r["round"]: f"{c['empty']}/{c['circuits']}"
-                                                + (f", {c['bias_only']} bias-only" if c["empty"] else "")
-                                                for r in records if (c := r["circuit_counts"].get(kind, {})).get("circuits")}
-                           for kind in kinds}
-            out.append(line_plot(empty_lines, "Empty circuits (no channel kept)", "fraction of circuits",
-                                 plots_dir / "circuits_empty.png", (0.0, 1.1), empty_notes,
-                                 "numbers: empty / all circuits; bias-only: the model predicts the class "
-                                 "with every gated channel closed"))
-        return out
-
-
-UNRECORDED = "empty vs empty: as the run's empty_iou, not recorded then (default 1.0, the paper's convention)"
-"""The convention line of records written before ``empty_iou`` was recorded."""
-
-
-def _convention(empty_iou: float | None) -> str:
-    """How an IoU of two empty layers was scored, for plot titles and logs."""
-    if empty_iou is None:
-        return "empty vs empty: undefined, left out of means"
-    if empty_iou == PAPER_EMPTY_IOU:
-        return f"empty vs empty scored {empty_iou:g} (empty_iou: the paper's convention)"
-    return f"empty vs empty scored {empty_iou:g} (empty_iou)"
-
-
-def _cell_note(v: dict[str, Any], key: str) -> str:
-    """A heatmap cell's counts: undefined pairs and empty circuits, when there are any."""
-    parts = []
-    if v.get(f"{key}_undefined"):
-        parts.append(f"{v[f'{key}_undefined']}/{v[f'{key}_undefined'] + v[f'{key}_pairs']} undef.")
-    if v.get(f"{key}_empty"):
-        parts.append(f"{v[f'{key}_empty']} empty")
-    return "\n".join(parts)
+        return draw(records, plots_dir, class_names)
 
 
 def _log_round(server_round: int, m: dict[str, Any]) -> None:
@@ -509,7 +428,7 @@ def _log_round(server_round: int, m: dict[str, Any]) -> None:
         if c["circuits"] and c["empty"] > c["circuits"] / 2:
             log.warning("round %d: %d of %d %s circuits are empty (%d bias-only: the model predicts the class with "
                         "every gated channel closed); %s", server_round, c["empty"], c["circuits"], kind, c["bias_only"],
-                        _convention(m["empty_iou"]))
+                        empty_iou_convention(m["empty_iou"]))
     models = {"global model": m["predictions"]["global"],
               **{f"client {partition_id}": v for partition_id, v in m["predictions"]["clients"].items()}}
     degenerate = [f"{name} (class {v['max_predicted_class']}: {100 * v['max_predicted_fraction']:.0f}%)"
@@ -551,10 +470,3 @@ def _average_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
         for r in reports
     )
     return merged
-
-
-def _moving_average(points: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
-    if window <= 1:
-        return points
-    values = [v for _, v in points]
-    return [(r, float(np.mean(values[max(0, i - window + 1) : i + 1]))) for i, (r, _) in enumerate(points)]

@@ -13,6 +13,9 @@ from fedmech_flwr.api._builtin import MaskLike, to_bools
 PAPER_EMPTY_IOU = 1.0
 """The paper's code scores a layer empty in both circuits 1.0 ("they agree"); here that
 convention is used only when asked for (``empty_iou: 1.0``) and is labelled wherever it is."""
+IOU_KEYS = ("intra_client", "inter_client", "local_to_global", "inter_class_local", "inter_class_global")
+"""The IoUs a round records: between clients' circuits of a class, between a client's and the
+global model's, and between classes' circuits of one model."""
 
 
 def layer_iou(a: MaskLike, b: MaskLike, empty_value: float | None = None) -> dict[str, float | None]:
@@ -45,3 +48,12 @@ def circuit_size(mask: MaskLike) -> dict[str, int]:
 def is_empty(mask: MaskLike) -> bool:
     """True when no layer keeps any channel."""
     return not any(circuit_size(mask).values())
+
+
+def empty_iou_convention(empty_iou: float | None) -> str:
+    """How an IoU of two empty layers was scored, for plot titles and logs."""
+    if empty_iou is None:
+        return "empty vs empty: undefined, left out of means"
+    if empty_iou == PAPER_EMPTY_IOU:
+        return f"empty vs empty scored {empty_iou:g} (empty_iou: the paper's convention)"
+    return f"empty vs empty scored {empty_iou:g} (empty_iou)"
