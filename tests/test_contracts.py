@@ -1,4 +1,4 @@
-"""The contract checks (``fedmech_flwr.contracts``) on every built-in client, strategy and
+"""The contract checks (``fedmech_flwr.conformance``) on every built-in client, strategy and
 diagnostic (the models': ``test_models.py``), and each check failing, with its message, on
 a planted broken plug-in."""
 

@@ -12,7 +12,7 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.contracts import check_client
+from fedmech_flwr.conformance import check_client
 from fedmech_flwr.client import CLIENTS, FedMechClient
 
 __all__ = [

@@ -15,7 +15,7 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.contracts import check_diagnostic
+from fedmech_flwr.conformance import check_diagnostic
 from typing import Any
 
 from fedmech_flwr.hooks import (

@@ -12,7 +12,7 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.contracts import check_strategy
+from fedmech_flwr.conformance import check_strategy
 from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
 from fedmech_flwr.strategy import (
     CLIENT_QUERIES,
