@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from fedmech_flwr.builtin.diagnostics.circuits.discovery import discover_circuits, discover_one_class
 from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig
 from fedmech_flwr.builtin.diagnostics.circuits.metrics import circuit_iou
-from fedmech_flwr.data import SyntheticConfig, load_dataset
+from fedmech_flwr.datasets.data import SyntheticConfig, load_dataset
 from fedmech_flwr.models import build_model
 
 

@@ -38,11 +38,11 @@ from fedmech_flwr.builtin.diagnostics.circuits.discovery import learn_circuits
 from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig
 from fedmech_flwr.builtin.diagnostics.circuits.metrics import circuit_iou
 from fedmech_flwr.builtin.diagnostics.misalignment import Misalignment, MisalignmentConfig
-from fedmech_flwr.data import CIFAR10Config, load_dataset
-from fedmech_flwr.heads import features
+from fedmech_flwr.contracts.outputs import DEGENERATE_FRACTION
+from fedmech_flwr.datasets.data import CIFAR10Config, load_dataset
+from fedmech_flwr.learning.heads import features
+from fedmech_flwr.learning.pruning import MagnitudePruner, PruningConfig, overall_sparsity
 from fedmech_flwr.models import build_model
-from fedmech_flwr.outputs import DEGENERATE_FRACTION
-from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, overall_sparsity
 
 CLIENT_CLASSES = [0, 1, 2]
 

@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.artifacts.folder import read_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_run import run_benchmark  # noqa: E402  (a sibling script, also when loaded by path)

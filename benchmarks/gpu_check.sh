@@ -74,9 +74,9 @@ from pathlib import Path
 
 sys.path.insert(0, "benchmarks")
 from circuits_round import print_table, round_parts
-from fedmech_flwr.config import override
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.spec.config import override
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.tools.sweep import load_sweep
 
 out, preset, rounds, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
-from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import evaluate, seed_everything
+from fedmech_flwr.artifacts.folder import read_records
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.foundation.seeds import seed_for
+from fedmech_flwr.learning.training import evaluate, seed_everything
+from fedmech_flwr.spec.config import ExperimentConfig
+from fedmech_flwr.spec.experiment import client_partitions, load_data, load_experiment, new_model
 
 REPO = Path(__file__).resolve().parents[1]
 LEADERBOARD_CELL = [

@@ -23,10 +23,10 @@ EXPERIMENT = REPO / "benchmarks" / "throughput.yaml"
 
 
 def main() -> None:
-    from fedmech_flwr import plugins
+    from fedmech_flwr.contracts import plugins
     from fedmech_flwr.app.inprocess import run_in_process
-    from fedmech_flwr.experiment import load_experiment
-    from fedmech_flwr.run_folder import STATE_FILE, RunFolder
+    from fedmech_flwr.spec.experiment import load_experiment
+    from fedmech_flwr.artifacts.folder import STATE_FILE, RunFolder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)

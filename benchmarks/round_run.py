@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.spec.experiment import load_experiment
 
 
 def run_benchmark(description: str, default_experiment: Path, table: Callable[[Path], None],

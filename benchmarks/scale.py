@@ -53,7 +53,7 @@ TARGETS = {"round": 1.10, "rss": 1.10}
 
 def one_run(num_clients: int, num_train: int, per_round: int, rounds: int) -> dict[str, float]:
     """Start-up phases, median later round, peak server RSS and wall time of one run."""
-    from fedmech_flwr.run_folder import read_records
+    from fedmech_flwr.artifacts.folder import read_records
 
     overrides = [
         f"name=scale-{num_clients}",

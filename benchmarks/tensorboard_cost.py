@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app import tensorboard_events
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.artifacts.folder import read_records
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.spec.experiment import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -39,11 +39,11 @@ def engine_vs_bare(overrides: list[str], repeats: int) -> tuple[float, float]:
     """samples/s of the project's engine (``train_epochs`` with its pruner) and of
     ``bare_loop``, alternated on the same data, model, batch, optimiser and threads; medians
     over the repeats after the first (a warm-up)."""
-    from fedmech_flwr import plugins
-    from fedmech_flwr.experiment import client_partitions, load_data, load_experiment, new_model
-    from fedmech_flwr.pruning import MagnitudePruner
-    from fedmech_flwr.seeds import seed_for
-    from fedmech_flwr.training import (cross_entropy_objective, local_steps, resolve_device, seed_everything,
+    from fedmech_flwr.contracts import plugins
+    from fedmech_flwr.spec.experiment import client_partitions, load_data, load_experiment, new_model
+    from fedmech_flwr.learning.pruning import MagnitudePruner
+    from fedmech_flwr.foundation.seeds import seed_for
+    from fedmech_flwr.learning.training import (cross_entropy_objective, local_steps, resolve_device, seed_everything,
                                        train_epochs)
 
     plugins.load()
@@ -101,7 +101,7 @@ def bare_loop(x: torch.Tensor, y: torch.Tensor, channels: list[int], num_classes
 
 
 def in_flower(overrides: list[str]) -> tuple[float, float]:
-    from fedmech_flwr.run_folder import read_records
+    from fedmech_flwr.artifacts.folder import read_records
 
     with tempfile.TemporaryDirectory(prefix="fedmech-bench-") as out:
         cmd = [sys.executable, "-m", "fedmech_flwr.tools.cli", "run", str(EXPERIMENT), "--out", out]
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-flower", action="store_true", help="only the engine against the bare loop")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where all three train")
     args = parser.parse_args(argv)
-    from fedmech_flwr.training import resolve_device
+    from fedmech_flwr.learning.training import resolve_device
 
     device = resolve_device(args.device).type  # the Flower client needs a GPU share to see CUDA in its Ray actor
     overrides = [f"train.max_samples_per_round={args.samples}", f"federation.num_rounds={args.rounds}",

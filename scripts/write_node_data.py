@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app.node_data import NODE_FORMATS, write_node_data
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.spec.experiment import load_experiment
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ theta^t goes to the clients; the model evaluated and diagnosed is the plain mean
 the authors report (``avg_model`` in their code; with full participation theta^t is the
 mean plus every past round's mean move, an extrapolation). The sent model's test accuracy
 is recorded beside it (``sent-model-accuracy``, see
-``fedmech_flwr.strategy.ReportsAnotherModel``).
+``fedmech_flwr.contracts.strategy.ReportsAnotherModel``).
 
 Refused with magnitude pruning (h_k and h would absorb the pruner's zeroing of weights) and
 with any local optimiser but plain SGD, the paper's and its authors' code's (their SGD has no

@@ -24,17 +24,17 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedmech_flwr import plugins
-from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, to_record
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.heads import balanced_split
-from fedmech_flwr.hooks import ClientUpdate, RoundState
-from fedmech_flwr.liveness import process_alive
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.artifacts.folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.artifacts.liveness import process_alive
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.hooks import ClientUpdate, RoundState
+from fedmech_flwr.contracts.wire import REPORT_KEY
+from fedmech_flwr.learning.arrays import NamedArrays, load_arrays, load_model_arrays, to_record
+from fedmech_flwr.learning.heads import balanced_split
+from fedmech_flwr.spec.config import ExperimentConfig
+from fedmech_flwr.spec.experiment import load_experiment
 from fedmech_flwr.tools.processes import descendants
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
-from fedmech_flwr.wire import REPORT_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "experiments" / "smoke.yaml"
@@ -164,9 +164,9 @@ def plugin_site(tmp_path, monkeypatch) -> Path:
     """A folder on sys.path for plug-in modules a test writes; whatever they register, and
     the modules themselves, are forgotten after the test."""
     from fedmech_flwr.app import client_app
-    from fedmech_flwr.commands import COMMANDS
-    from fedmech_flwr.config import plugin_registries
-    from fedmech_flwr.strategy import CLIENT_QUERIES
+    from fedmech_flwr.contracts.commands import COMMANDS
+    from fedmech_flwr.spec.config import plugin_registries
+    from fedmech_flwr.contracts.strategy import CLIENT_QUERIES
 
     plugins.load()
     for registry in (*plugin_registries().values(), COMMANDS, CLIENT_QUERIES):
@@ -264,8 +264,8 @@ def needs_dataset(name: str) -> pytest.MarkDecorator:
     """Skip a test that needs dataset ``name`` where this machine lacks it, with the reason
     the product itself gives (where it looked, how to get it): a clone with no data beside
     it runs every other test."""
-    from fedmech_flwr.data import dataset_info
-    from fedmech_flwr.errors import DataNotFoundError
+    from fedmech_flwr.datasets.data import dataset_info
+    from fedmech_flwr.foundation.errors import DataNotFoundError
 
     try:
         dataset_info(name)
@@ -422,7 +422,7 @@ def separable_cnn():
     classes of a synthetic 8x8 set (test accuracy > 0.95). Read-only: copy its weights."""
     import torch.nn.functional as F
 
-    from fedmech_flwr.data import SyntheticConfig, load_dataset
+    from fedmech_flwr.datasets.data import SyntheticConfig, load_dataset
 
     torch.manual_seed(0)
     data = load_dataset("synthetic", SyntheticConfig(num_train=400, num_test=200, num_classes=4, image_size=8))
@@ -453,7 +453,7 @@ def trained_cnn():
     (built once per test module, so one module's changes never reach another)."""
     import torch.nn.functional as F
 
-    from fedmech_flwr.data import SyntheticConfig, load_dataset
+    from fedmech_flwr.datasets.data import SyntheticConfig, load_dataset
     from fedmech_flwr.models import build_model
 
     torch.manual_seed(0)

@@ -25,7 +25,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedmech_flwr.app import client_app
-from fedmech_flwr.arrays import from_record, to_record
+from fedmech_flwr.learning.arrays import from_record, to_record
 
 HANG_S = 4.0
 INJECTED: Counter[str] = Counter()

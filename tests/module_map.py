@@ -43,9 +43,9 @@ UNTESTED = {
                                    "(test_flwr_run.py) run it",
     "fedmech_flwr.builtin.strategies.class_stats": "a client query registered under a constant, not a name; "
                                                    "the realign strategies run it",
-    "fedmech_flwr.checks": "the ready-made registration checks, run at validation through the plug-ins that "
+    "fedmech_flwr.spec.checks": "the ready-made registration checks, run at validation through the plug-ins that "
                            "register with them",
-    "fedmech_flwr.timing": "the diagnostics' clock; the benchmarks read its laps",
+    "fedmech_flwr.foundation.timing": "the diagnostics' clock; the benchmarks read its laps",
 }
 """Modules allowed to have no test file, each with its reason."""
 

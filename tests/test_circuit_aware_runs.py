@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration

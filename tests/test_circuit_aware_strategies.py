@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch import nn
 
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, weighted_mean
 from fedmech_flwr.builtin.strategies.circuit_masked import CircuitMaskedConfig, channel_weights, check_circuit_masked_avg, circuit_channels
 from fedmech_flwr.builtin.strategies.matched_avg import MatchedAvgConfig, check_matched_avg, permute
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import encode_results
-from fedmech_flwr.masks import pack_masks
+from fedmech_flwr.contracts.hooks import encode_results
+from fedmech_flwr.contracts.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.contracts.wire import REPORT_KEY
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, weighted_mean
+from fedmech_flwr.learning.masks import pack_masks
 from fedmech_flwr.models import build_model, wrap_module
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.wire import REPORT_KEY
 
 EXAMPLES = [10, 30, 60]
 SHAPE = {"in_channels": 1, "num_classes": 3, "image_size": 16}

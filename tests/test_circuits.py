@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmech_flwr.arrays import model_arrays
 from fedmech_flwr.builtin.diagnostics.circuits.ablation import ablate, ablation_report, channel_means, without_channels
 from fedmech_flwr.builtin.diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
 from fedmech_flwr.builtin.diagnostics.circuits.discovery import discover_circuits, discover_one_class
 from fedmech_flwr.builtin.diagnostics.circuits.gates import GateConfig, gated, ste_gate
 from fedmech_flwr.builtin.diagnostics.circuits.metrics import PAPER_EMPTY_IOU, circuit_iou, circuit_size, is_empty, layer_iou
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.hooks import ClientUpdate, RoundState
-from fedmech_flwr.masks import pack_masks, unpack_masks
+from fedmech_flwr.contracts.hooks import ClientUpdate, RoundState
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import model_arrays
+from fedmech_flwr.learning.masks import pack_masks, unpack_masks
 from fedmech_flwr.models import FedMechModel, build_model
 
 

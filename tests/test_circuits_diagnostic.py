@@ -14,16 +14,16 @@ from flwr.app import ConfigRecord
 
 from conftest import as_killed, assert_same_run
 from faults import Fault, SimulatedCrash, faulty_app
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
-from fedmech_flwr.arrays import load_arrays, model_arrays
+from fedmech_flwr.artifacts.folder import STATE_FILE, read_records
 from fedmech_flwr.builtin.diagnostics.circuits.diagnostic import Circuits, CircuitsConfig
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.hooks import ClientUpdate, RoundState, decode_results, encode_results
-from fedmech_flwr.masks import pack_masks, unpack_masks
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.hooks import ClientUpdate, RoundState, decode_results, encode_results
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import load_arrays, model_arrays
+from fedmech_flwr.learning.masks import pack_masks, unpack_masks
 from fedmech_flwr.models import build_model
-from fedmech_flwr.run_folder import STATE_FILE, read_records
+from fedmech_flwr.spec.experiment import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,7 +176,7 @@ def test_bad_circuits_config_fails_at_load(override, message):
 
 
 def test_audit_set_is_held_out_from_every_client_and_used_for_global_circuits(tmp_path):
-    from fedmech_flwr.experiment import audit_indices, client_partitions, load_data
+    from fedmech_flwr.spec.experiment import audit_indices, client_partitions, load_data
 
     plugins.load()
     cfg = load_experiment(CIRCUITS_SMOKE, [

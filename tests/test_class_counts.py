@@ -18,10 +18,10 @@ from fedmech_flwr.builtin.clients.etf import ETFClient, ETFConfig
 from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
 from fedmech_flwr.builtin.clients.fedrod import FedRoDClient, FedRoDConfig
 from fedmech_flwr.builtin.clients.fedrs import FedRSClient, FedRSConfig
-from fedmech_flwr.client import ClientData
+from fedmech_flwr.contracts.client import ClientData
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.training import TrainConfig
 
 SHARD = torch.tensor([0, 0, 0, 1, 1, 2] * 4)
 """12, 8 and 4 samples of classes 0-2; class 3 absent."""

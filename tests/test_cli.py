@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, needs_dataset
-from fedmech_flwr.safe_text import CONTROL
+from fedmech_flwr.foundation.safe_text import CONTROL
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 
@@ -360,7 +360,7 @@ def test_version_names_the_package_and_what_it_runs_on(capsys):
 
 def test_every_subcommand_describes_itself_its_exit_codes_and_two_examples(capsys):
     """The built-in ones and those plug-ins register (``usae``, ``misalignment-table``)."""
-    from fedmech_flwr.commands import COMMANDS
+    from fedmech_flwr.contracts.commands import COMMANDS
     from fedmech_flwr.tools.cli import HELP, build_parser
 
     with pytest.raises(SystemExit):
@@ -412,7 +412,7 @@ def test_a_failure_the_stop_caused_is_an_interruption_and_one_before_it_stays(tm
     and resumable; a run that failed before the stop keeps its failure."""
     import signal
 
-    from fedmech_flwr.run_folder import RunFolder, read_status
+    from fedmech_flwr.artifacts.folder import RunFolder, read_status
     from fedmech_flwr.tools.finish import Stopped, interrupt_run
 
     before, after = RunFolder.create(tmp_path, "before"), RunFolder.create(tmp_path, "after")

@@ -15,9 +15,9 @@ from flwr.serverapp.strategy import FedAvg
 from conftest import smoke_config
 from fedmech_flwr.app.client_app import app as client_app
 from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.strategy import CLIENT_QUERIES, OFFERED_NODES_ONLY, STRATEGIES, QueryContext, StrategyContext
-from fedmech_flwr.wire import query_nodes
+from fedmech_flwr.contracts.strategy import CLIENT_QUERIES, OFFERED_NODES_ONLY, STRATEGIES, QueryContext, StrategyContext
+from fedmech_flwr.contracts.wire import query_nodes
+from fedmech_flwr.learning.arrays import load_arrays
 
 CENSUS = "label_census"
 ANSWERS: dict[int, dict[int, MetricRecord]] = {}

@@ -12,19 +12,19 @@ from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 
 from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process, train_replies
-from fedmech_flwr.arrays import from_record, model_arrays, to_record
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.clients.fedbabu import FedBABUClient
 from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
 from fedmech_flwr.builtin.clients.proximal import ProximalClient
 from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
 from fedmech_flwr.builtin.strategies.fedbabu import FedBABU
 from fedmech_flwr.builtin.strategies.fedprox import FedProxConfig
-from fedmech_flwr.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.learning.arrays import from_record, model_arrays, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig
 
 
 def make_client(cls, params=None, labels=(0, 0, 0, 1, 1, 2), pruning: PruningConfig | None = None):

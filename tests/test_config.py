@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from conftest import REPO, SMOKE, smoke_config
-from fedmech_flwr import plugins
-from fedmech_flwr.config import apply_overrides, experiment_from_json, override, read_yaml
-from fedmech_flwr.errors import ConfigError, DataNotFoundError, brief
-from fedmech_flwr.experiment import load_experiment, parse_experiment
-from fedmech_flwr.registry import Registry, loading
-from fedmech_flwr.typed import to_plain
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.foundation.errors import ConfigError, DataNotFoundError, brief
+from fedmech_flwr.foundation.registry import Registry, loading
+from fedmech_flwr.foundation.typed import to_plain
+from fedmech_flwr.spec.config import apply_overrides, experiment_from_json, override, read_yaml
+from fedmech_flwr.spec.experiment import load_experiment, parse_experiment
 
 LOC = "experiments/smoke.yaml: "
 
@@ -129,7 +129,7 @@ def test_nonsense_sizes_and_non_finite_numbers_are_refused_in_one_line(override,
 def test_memory_beyond_the_machine_is_refused_before_anything_is_allocated(monkeypatch):
     """The estimate (data, model, replies and batches, on the server and every client
     process) is checked against the memory available before the model or data exist."""
-    from fedmech_flwr import experiment
+    from fedmech_flwr.spec import experiment
 
     cfg = smoke_config()
     need, parts = experiment.memory_needed(cfg, experiment.dataset_info("synthetic", cfg.data.dataset.params),
@@ -411,7 +411,7 @@ def test_registry_get_unknown_lists_names():
 def test_registry_entry_default_config_has_no_params():
     reg = Registry("widget")
     reg.register("x")(lambda: None)
-    from fedmech_flwr.typed import parse_dataclass
+    from fedmech_flwr.foundation.typed import parse_dataclass
 
     assert dataclasses.fields(parse_dataclass(reg.get("x").config_cls, {}, "w")) == ()
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['p'\]; allowed keys: \(none\)"):

@@ -1,4 +1,4 @@
-"""The contract checks (``fedmech_flwr.conformance``) on every built-in client, strategy and
+"""The contract checks (``fedmech_flwr.contracts.conformance``) on every built-in client, strategy and
 diagnostic (the models': ``test_models.py``), and each check failing, with its message, on
 a planted broken plug-in."""
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedmech_flwr import plugins
 from fedmech_flwr.api import Metric, Outputs
 from fedmech_flwr.api.client import CLIENTS, FedMechClient, check_client
 from fedmech_flwr.api.diagnostic import DIAGNOSTICS, Diagnostic, DiagnosticResult, check_diagnostic
 from fedmech_flwr.api.model import MODELS, FedMechModel, check_model
 from fedmech_flwr.api.strategy import OFFERED_NODES_ONLY, STRATEGIES, WeightedFedAvg, check_strategy
+from fedmech_flwr.contracts import plugins
 
 plugins.load()
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from fedmech_flwr import data
-from fedmech_flwr.data import (
+from fedmech_flwr.datasets import data
+from fedmech_flwr.datasets.data import (
     DEBIAN_FASHION_MNIST,
     IDX_FILES,
     CIFAR10Config,
@@ -30,7 +30,7 @@ from fedmech_flwr.data import (
     read_idx,
     repo_root,
 )
-from fedmech_flwr.errors import BadFileError, ConfigError, DataNotFoundError
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError, DataNotFoundError
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
 
 SHARED_CIFAR = repo_root().parent / "shared" / "data" / "cifar10" / "cifar10.npz"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CHROMIUM, REPO, browser_page, once_per_session
-from fedmech_flwr.data import DEBIAN_FASHION_MNIST
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.artifacts.folder import read_records
+from fedmech_flwr.datasets.data import DEBIAN_FASHION_MNIST
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist absent")]

@@ -21,8 +21,8 @@ import pytest
 
 from conftest import REPO, smoke_config
 from fedmech_flwr.app.client_app import node_dataset
-from fedmech_flwr.config import experiment_from_json
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.spec.config import experiment_from_json
 from fedmech_flwr.tools.deployment import MAKE_CERTS, Credentials
 from fedmech_flwr.tools.local_flower import free_port
 from fedmech_flwr.tools.processes import stop_processes

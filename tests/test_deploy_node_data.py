@@ -21,8 +21,8 @@ from test_deploy import SMALL_RUN, fedmech, processes_mentioning
 
 from conftest import smoke_config, without_measured
 from fedmech_flwr.app.node_data import write_node_data
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.run_folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.artifacts.folder import FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.learning.arrays import load_arrays
 from fedmech_flwr.tools.deployment import MAKE_CERTS
 from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
 from fedmech_flwr.tools.processes import stop_processes

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fedmech_flwr.app.inprocess import run_in_process
+from fedmech_flwr.artifacts.folder import DIAGNOSES_FILE, read_records
+from fedmech_flwr.artifacts.reader import read_run
 from fedmech_flwr.builtin.diagnostics.misalignment import Misalignment, MisalignmentConfig
-from fedmech_flwr.run_folder import DIAGNOSES_FILE, read_records
-from fedmech_flwr.run_reader import read_run
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.status import run_status
 
@@ -110,7 +110,7 @@ def test_a_run_that_did_not_complete_is_skipped_with_its_state(probed_run, tmp_p
 
 def test_the_pooled_probe_is_refused_in_a_users_own_flower_app(separable_cnn):
     from fedmech_flwr.app.flower import WithDiagnostics
-    from fedmech_flwr.errors import ConfigError
+    from fedmech_flwr.foundation.errors import ConfigError
     from flwr.serverapp.strategy import FedAvg
 
     model, data = separable_cnn

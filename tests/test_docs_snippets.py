@@ -124,7 +124,7 @@ class _InProcess:
     def run(self, run_config, num_clients, simulation, stream=None, verbose=False):
         from fedmech_flwr.app.inprocess import _grid
         from fedmech_flwr.app.experiment_run import run_experiment
-        from fedmech_flwr.experiment import load_experiment
+        from fedmech_flwr.spec.experiment import load_experiment
         from fedmech_flwr.tools.local_flower import LaunchResult
 
         cfg = load_experiment(run_config["experiment"], json.loads(run_config["overrides"]))
@@ -309,8 +309,8 @@ class Page:
                 assert proc.returncode == 0, f"{where} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
 
     def flwr(self, argv: list[str], where: str) -> None:
-        from fedmech_flwr.errors import ConfigError
-        from fedmech_flwr.experiment import load_experiment
+        from fedmech_flwr.foundation.errors import ConfigError
+        from fedmech_flwr.spec.experiment import load_experiment
 
         if argv[0] != "run":
             if argv[0] not in self.flwr_help:

@@ -17,7 +17,6 @@ from flwr.app import ConfigRecord, Message
 
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import train_replies
-from fedmech_flwr.arrays import from_record, load_arrays, load_model_arrays, model_arrays, pack, to_record
 from fedmech_flwr.builtin.clients.feddyn import ALPHA, FedDynClient
 from fedmech_flwr.builtin.clients.fednova import A_NORM, STEPS, FedNovaClient, a_norm
 from fedmech_flwr.builtin.clients.proximal import ProximalClient
@@ -26,13 +25,14 @@ from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.builtin.strategies.feddyn import FedDyn
 from fedmech_flwr.builtin.strategies.fednova import FedNova
 from fedmech_flwr.builtin.strategies.scaffold import Scaffold
-from fedmech_flwr.client import ClientData, FedMechClient
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.contracts.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
+from fedmech_flwr.contracts.wire import REPORT_KEY, UPLOAD_PREFIX
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import from_record, load_arrays, load_model_arrays, model_arrays, pack, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig
-from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
 # --- clients ------------------------------------------------------------------------------
 
@@ -439,7 +439,7 @@ def test_a_dropped_reply_leaves_no_state_on_its_node(tmp_path, method, server_st
     would start from it and the server's c (h) would miss that move."""
     from faults import Fault, faulty_app
     from fedmech_flwr.app.inprocess import run_in_process
-    from fedmech_flwr.run_folder import STATE_FILE, read_records
+    from fedmech_flwr.artifacts.folder import STATE_FILE, read_records
 
     cfg = smoke_config([*DENSE_SGD, f"strategy={{name: {method}}}", f"client={{name: {method}}}",
                         "federation.on_client_failure=continue"])
@@ -458,9 +458,9 @@ def test_feddyn_run_evaluates_the_plain_mean_and_records_the_sent_model(tmp_path
     avg_model); theta = mean - h / alpha, which the clients get, is the resume point's model
     and its accuracy the strategy metric sent_model_accuracy."""
     from fedmech_flwr.app.inprocess import run_in_process
-    from fedmech_flwr.experiment import load_data, new_model
-    from fedmech_flwr.run_folder import STATE_FILE, read_records
-    from fedmech_flwr.training import evaluate
+    from fedmech_flwr.spec.experiment import load_data, new_model
+    from fedmech_flwr.artifacts.folder import STATE_FILE, read_records
+    from fedmech_flwr.learning.training import evaluate
 
     cfg = smoke_config([*DENSE_SGD, "strategy={name: feddyn, alpha: 0.1}", "client={name: feddyn}"])
     run = run_in_process(cfg, tmp_path)

@@ -16,12 +16,12 @@ from conftest import run_folders, smoke_config, without_measured
 from faults import Fault, faulty_app
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.app.protocol import ClientFailure, RoundProtocol
-from fedmech_flwr.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_data, new_model, parse_experiment
-from fedmech_flwr.hooks import DIAGNOSTICS, ClientUpdate, RoundState
-from fedmech_flwr.run_folder import read_records, read_status
-from fedmech_flwr.training import evaluate
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.contracts.hooks import DIAGNOSTICS, ClientUpdate, RoundState
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, load_arrays, load_model_arrays, model_arrays
+from fedmech_flwr.learning.training import evaluate
+from fedmech_flwr.spec.experiment import load_data, new_model, parse_experiment
 
 CLIENTS, ROUNDS, CLASSES = 3, 2, 4
 def final_weights(run: Path) -> NamedArrays:

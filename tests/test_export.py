@@ -160,7 +160,7 @@ def test_bad_input_exits_2_with_one_line(case, message, tmp_path, capsys):
 
 
 def test_a_real_run_exports_its_declared_metrics(tmp_path, capsys):
-    from fedmech_flwr import plugins
+    from fedmech_flwr.contracts import plugins
     from fedmech_flwr.app.inprocess import run_in_process
 
     plugins.load()
@@ -188,7 +188,7 @@ def test_control_characters_in_class_names_are_shown_never_obeyed(tmp_path, caps
     ESC: a warning is an error here)."""
     import warnings
 
-    from fedmech_flwr.plotting import plot_run
+    from fedmech_flwr.artifacts.plotting import plot_run
 
     run = write_run(tmp_path / "run", config(0), accuracy=0.5)
     partitions = json.loads((run / "partitions.json").read_text())

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedmech_flwr.arrays import from_record, load_arrays, save_arrays, weighted_mean
-from fedmech_flwr import plugins
 from fedmech_flwr.api.strategy import FedAvgConfig, WeightedFedAvg
-from fedmech_flwr.strategy import weighted_fedavg as fedavg
-from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.strategy import STRATEGIES
+from fedmech_flwr.contracts.strategy import weighted_fedavg as fedavg
+from fedmech_flwr.learning.arrays import from_record, load_arrays, save_arrays, weighted_mean
 
 NUM_EXAMPLES = [10, 30, 60]
 
@@ -56,12 +56,12 @@ def test_uniform_weighting_equals_plain_mean(replies):
 
 
 def test_start_up_log_says_how_the_average_is_weighted(caplog):
-    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.contracts.strategy"):
         WeightedFedAvg(weighting="uniform").summary()
     assert "model weights uniform (1 per client); train metrics weighted by 'num-examples'" in caplog.text
     assert "Weighted by" not in caplog.text  # Flower's line, true only of examples weighting
     caplog.clear()
-    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.contracts.strategy"):
         WeightedFedAvg(weighting="examples").summary()
     assert "model weights weighted by 'num-examples'" in caplog.text
 
@@ -70,7 +70,7 @@ def test_start_up_log_says_how_the_average_is_weighted(caplog):
             return models[0], {}
 
     caplog.clear()
-    with caplog.at_level("INFO", logger="fedmech_flwr.strategy"):
+    with caplog.at_level("INFO", logger="fedmech_flwr.contracts.strategy"):
         Median().summary()
     assert "model weights Median.average;" in caplog.text
 
@@ -122,7 +122,7 @@ def test_registered_factory_trains_every_offered_node():
 
 def test_record_round_trip_keeps_shapes_and_dtypes(replies):
     models, _, msgs = replies
-    from fedmech_flwr.arrays import to_record
+    from fedmech_flwr.learning.arrays import to_record
 
     back = from_record(to_record(models[0]))
     assert {k: (v.shape, v.dtype) for k, v in back.items()} == {k: (v.shape, v.dtype) for k, v in models[0].items()}

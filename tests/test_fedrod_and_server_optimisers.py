@@ -18,17 +18,17 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvgM, FedYogi
 
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process, train_replies
-from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, to_record
+from fedmech_flwr.artifacts.folder import STATE_FILE, read_records, read_status
 from fedmech_flwr.builtin.clients.fedrod import FedRoDClient, FedRoDConfig
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
 from fedmech_flwr.builtin.strategies.fedopt import FedAdagradConfig, FedAdamConfig, FedAvgMConfig, FedYogiConfig
-from fedmech_flwr.client import ClientData, FedMechClient
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.contracts.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.strategy import STRATEGIES
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_arrays, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
-from fedmech_flwr.strategy import STRATEGIES
-from fedmech_flwr.training import TrainConfig
 
 # --- FedRoD's client ----------------------------------------------------------------------
 

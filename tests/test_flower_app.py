@@ -38,13 +38,13 @@ from conftest import REPO
 from fedmech_flwr.app.flower import WithDiagnostics, attach_diagnostics
 from fedmech_flwr.app.inprocess import InProcessGrid, run_in_process
 from fedmech_flwr.app.protocol import ClientFailure
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_experiment
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import load_arrays
 from fedmech_flwr.models import build_model
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.spec.config import SimulationConfig
+from fedmech_flwr.spec.experiment import load_experiment
 from fedmech_flwr.tools.simulation import launch
 
 EXAMPLE = REPO / "examples" / "flower-fedavgm"
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 from flwr.serverapp.strategy import FedAvgM
 
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from fedmech_flwr.contracts.strategy import OFFERED_NODES_ONLY, STRATEGIES
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_gone, assert_same_run, fenced_blocks, launch_processes_of, lost_bytes, once_per_session, shows
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.liveness import process_alive
-from fedmech_flwr.run_folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.artifacts.folder import STATE_FILE, read_records, read_status
+from fedmech_flwr.artifacts.liveness import process_alive
+from fedmech_flwr.learning.arrays import load_arrays
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration

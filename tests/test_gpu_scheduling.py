@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from conftest import REPO, SMOKE, smoke_config
-from fedmech_flwr.experiment import check_simulated
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.spec.experiment import check_simulated
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, _engine, main
 from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
 from fedmech_flwr.tools.processes import stop_processes
@@ -42,7 +42,7 @@ import time
 import ray
 
 from fedmech_flwr.api.client import CLIENTS, FedMechClient
-from fedmech_flwr.training import resolve_device
+from fedmech_flwr.learning.training import resolve_device
 
 
 @CLIENTS.register("gpu_probe")

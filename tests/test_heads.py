@@ -1,4 +1,4 @@
-"""Known answers for the head-level algorithms (fedmech_flwr/heads.py)."""
+"""Known answers for the head-level algorithms (fedmech_flwr/learning/heads.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedmech_flwr.heads import (
+from fedmech_flwr.learning.heads import (
     ClassStats,
     LinearHead,
     LinearTrainConfig,

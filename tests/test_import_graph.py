@@ -25,7 +25,7 @@ BUILTIN = "fedmech_flwr.builtin"
 FOLDERS = ("clients", "strategies", "diagnostics")
 """The built-in plug-in packages' folders: imported by these top-level names (where the
 repository's root is on ``sys.path``), they would be a second copy of their plug-ins."""
-LOADER = "fedmech_flwr.plugins"
+LOADER = "fedmech_flwr.contracts.plugins"
 """The one core module that names the built-in plug-in packages (it imports them by name)."""
 API = "fedmech_flwr.api"
 PRIVATE = "fedmech_flwr.api._builtin"
@@ -147,7 +147,7 @@ def graph() -> dict[str, set[str]]:
 # --- the installed tree holds the rules ------------------------------------------------------
 
 def test_the_tree_is_read_as_installed(graph):
-    assert "fedmech_flwr.config" in graph and graph["fedmech_flwr.config"]
+    assert "fedmech_flwr.spec.config" in graph and graph["fedmech_flwr.spec.config"]
     assert f"{BUILTIN}.strategies.fedavg" in graph and f"{BUILTIN}.diagnostics.circuits.gates" in graph
     assert graph[f"{BUILTIN}.diagnostics.circuits.diagnostic"] >= {"fedmech_flwr.api",
                                                                    f"{BUILTIN}.diagnostics.circuits.gates"}
@@ -199,7 +199,7 @@ def named_strings(path: Path) -> set[str]:
 def test_only_the_loader_names_the_builtin_plugin_packages():
     """No core module but the loader spells a built-in plug-in package's name; the loader
     imports exactly the installed ones, from their folders at the top of the repository."""
-    from fedmech_flwr import plugins
+    from fedmech_flwr.contracts import plugins
 
     names = {f"{BUILTIN}.{name}" for name in FOLDERS}
     spelled = sorted(str(path.relative_to(REPO)) for path in (REPO / "fedmech_flwr").rglob("*.py")
@@ -231,15 +231,15 @@ packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.app", "fedmech_flw
 "fedmech_flwr.builtin.diagnostics" = "diagnostics"
 """,
     "fedmech_flwr/__init__.py": "",
-    "fedmech_flwr/api/__init__.py": "from fedmech_flwr.registry import Registry\n",
-    "fedmech_flwr/api/strategy.py": "from fedmech_flwr.registry import Registry\n",
-    "fedmech_flwr/api/_builtin.py": "from fedmech_flwr.registry import Registry\n",
-    "fedmech_flwr/registry.py": "class Registry: ...\n",
-    "fedmech_flwr/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
-    "fedmech_flwr/hooks.py": "import strategies.mean  # the same, by its folder's name\n",
+    "fedmech_flwr/api/__init__.py": "from fedmech_flwr.foundation.registry import Registry\n",
+    "fedmech_flwr/api/strategy.py": "from fedmech_flwr.foundation.registry import Registry\n",
+    "fedmech_flwr/api/_builtin.py": "from fedmech_flwr.foundation.registry import Registry\n",
+    "fedmech_flwr/foundation/registry.py": "class Registry: ...\n",
+    "fedmech_flwr/spec/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
+    "fedmech_flwr/contracts/hooks.py": "import strategies.mean  # the same, by its folder's name\n",
     "fedmech_flwr/stats.py": ("from fedmech_flwr.tools import cli  # the core on the tools\n"
                               "from fedmech_flwr.api._builtin import Registry  # the core on the private api\n"),
-    "fedmech_flwr/plugins.py": "import importlib\n",
+    "fedmech_flwr/contracts/plugins.py": "import importlib\n",
     "fedmech_flwr/builtin/__init__.py": "",
     "fedmech_flwr/app/__init__.py": "",
     "fedmech_flwr/app/run.py": "from fedmech_flwr.api import Registry\n",
@@ -250,7 +250,7 @@ packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.app", "fedmech_flw
                            "from fedmech_flwr.api.strategy import Registry  # allowed\n"
                            "from fedmech_flwr.api._builtin import Registry  # a built-in: allowed\n"),
     "strategies/median.py": ("from fedmech_flwr.app.run import Registry\n"
-                             "from fedmech_flwr.registry import Registry\n"
+                             "from fedmech_flwr.foundation.registry import Registry\n"
                              "from .mean import np\n"
                              "from strategies import mean\n"
                              "def plot():\n    from fedmech_flwr.tools.cli import run\n"),
@@ -280,9 +280,9 @@ def test_the_planted_tree_is_read_with_relative_imports_resolved(planted):
 
 def test_a_core_module_importing_a_plugin_or_a_higher_layer_is_caught(planted):
     assert core_violations(planted) == [
-        f"fedmech_flwr.config -> {BUILTIN}.strategies.mean: the core imports a plug-in (only {LOADER} loads them, "
+        f"fedmech_flwr.spec.config -> {BUILTIN}.strategies.mean: the core imports a plug-in (only {LOADER} loads them, "
         "by name)",
-        f"fedmech_flwr.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, by name)",
+        f"fedmech_flwr.contracts.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, by name)",
         "fedmech_flwr.stats -> fedmech_flwr.tools.cli: core imports tools",
     ]
 
@@ -305,7 +305,7 @@ def test_a_plugin_importing_the_app_the_tools_the_core_or_another_plugin_is_caug
         f"{median} -> fedmech_flwr.app.run: fedmech_flwr.app",
         f"{median} -> {BUILTIN}.strategies.mean: another plug-in (go through fedmech_flwr.api: a registry, "
         "decode_results)",
-        f"{median} -> fedmech_flwr.registry: a core module other than fedmech_flwr.api",
+        f"{median} -> fedmech_flwr.foundation.registry: a core module other than fedmech_flwr.api",
         f"{median} -> fedmech_flwr.tools.cli: fedmech_flwr.tools",
         f"{median} -> strategies: a plug-in by its folder's top-level name",
     ]
@@ -337,7 +337,7 @@ on 2 cores)."""
 def test_a_clientapp_imports_nothing_only_the_server_uses():
     """The ClientApp with every built-in plug-in (plug-ins import what draws inside
     ``plot``), checked in a fresh interpreter."""
-    code = ("import sys, fedmech_flwr.app.client_app, fedmech_flwr.plugins as p; p.load(); "
+    code = ("import sys, fedmech_flwr.app.client_app, fedmech_flwr.contracts.plugins as p; p.load(); "
             f"print(sorted(m for m in {SERVER_ONLY!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -22,7 +22,7 @@ import pytest
 from flwr.cli.build import build_fab_from_disk
 
 from conftest import REPO
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR
 from fedmech_flwr.tools import local_flower
 from fedmech_flwr.tools.app_staging import stage_app
 from fedmech_flwr.tools.cli import EXIT_FAILED, main

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import REPO, needs_dataset, smoke_config
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.config import read_yaml
-from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.artifacts.folder import read_records
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.strategy import STRATEGIES
+from fedmech_flwr.spec.config import read_yaml
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.sweep import load_sweep
 

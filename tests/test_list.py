@@ -8,9 +8,9 @@ from typing import Literal
 
 import pytest
 
-from fedmech_flwr.config import plugin_registries
+from fedmech_flwr.foundation.typed import FieldInfo, describe_fields
+from fedmech_flwr.spec.config import plugin_registries
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, LIST_KINDS, main
-from fedmech_flwr.typed import FieldInfo, describe_fields
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def test_singular_kind_lists_the_same(capsys):
 def test_entries_show_what_they_are_then_each_fields_type_range_default_and_doc(capsys):
     out = listed(capsys, "partitions")
     assert out.startswith("PARTITIONS, chosen by data.partition: {name: NAME, KEY: VALUE, ...}\n")
-    assert ("  dirichlet  from fedmech_flwr.partition (built-in)\n"
+    assert ("  dirichlet  from fedmech_flwr.datasets.partition (built-in)\n"
             "    Label skew: for each class, draw client shares ~ Dir(alpha) and cut that class's shuffled\n"
             "    indices by them. Every sample goes to some client.\n"
             "    alpha: float > 0 = 0.5\n"
@@ -57,7 +57,7 @@ def test_entries_show_what_they_are_then_each_fields_type_range_default_and_doc(
             "    min_samples: int >= 0 = 10\n"
             "        Redraw until every client has at least this many samples.\n") in out
     assert "    classes: dict[int, list[int]] (required)\n" in out
-    assert ("  iid  (no parameters)  from fedmech_flwr.partition (built-in)\n"
+    assert ("  iid  (no parameters)  from fedmech_flwr.datasets.partition (built-in)\n"
             "    Shuffle, then split into parts whose sizes differ by at most one.\n") in out
 
 

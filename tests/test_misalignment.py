@@ -16,7 +16,7 @@ import yaml
 
 from conftest import rolled_head, small_cnn
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.diagnostics.misalignment import (
     LEARNING_CURVE,
     OUTPUTS,
@@ -29,11 +29,11 @@ from fedmech_flwr.builtin.diagnostics.misalignment import (
     fit_probe,
 )
 from fedmech_flwr.builtin.diagnostics.misalignment_table import skew_gaps, table, table_row
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import LinearTrainConfig, balanced_split
-from fedmech_flwr.hooks import ClientUpdate, GlobalContext, RoundState
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.contracts.hooks import ClientUpdate, GlobalContext, RoundState
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, load_model_arrays, model_arrays
+from fedmech_flwr.learning.heads import LinearTrainConfig, balanced_split
 from fedmech_flwr.tools.cli import main
 
 NUM_CLASSES = 4

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmech_flwr.conformance import check_model
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.contracts.conformance import check_model
+from fedmech_flwr.foundation.errors import ConfigError
 from fedmech_flwr.models import MODELS, WrappedModel, build_model, wrap_module
 
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import audit_round_state
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.arrays import model_arrays
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.diagnostics.neural_collapse import (
     METRICS,
     NeuralCollapse,
@@ -21,10 +21,10 @@ from fedmech_flwr.builtin.diagnostics.neural_collapse import (
     collapse,
 )
 from fedmech_flwr.builtin.strategies.fedetf import simplex_etf
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import LinearHead
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import model_arrays
+from fedmech_flwr.learning.heads import LinearHead
 
 
 def head(weight, bias=None) -> LinearHead:

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.hooks import DIAGNOSTICS
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.contracts.hooks import DIAGNOSTICS
+from fedmech_flwr.spec.experiment import load_experiment
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, NEW_KINDS, main
 
 

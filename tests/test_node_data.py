@@ -19,10 +19,10 @@ from PIL import Image
 from conftest import REPO, smoke_config, without_measured
 from fedmech_flwr.app.inprocess import run_in_process
 from fedmech_flwr.app.node_data import NodeDataError, NodeDataSpec, class_index, load_node_data, write_node_data
-from fedmech_flwr.arrays import load_arrays
-from fedmech_flwr.data import Pixels, _normalise
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import CLIENT_FAILURES_LOG, FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.artifacts.folder import CLIENT_FAILURES_LOG, FINAL_MODEL_FILE, LOGS_DIR, read_records, read_status
+from fedmech_flwr.datasets.data import Pixels, _normalise
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import load_arrays
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, main
 from fedmech_flwr.tools.deployment import node_configs
 
@@ -283,7 +283,7 @@ def test_synthetic_data_has_no_image_form(tmp_path):
 
 @pytest.mark.integration
 def test_a_fashion_mnist_shard_written_as_pngs_reads_back_as_the_same_images(tmp_path):
-    from fedmech_flwr.experiment import client_partitions, load_data
+    from fedmech_flwr.spec.experiment import client_partitions, load_data
 
     cfg = smoke_config(["data.dataset={name: fashion_mnist}", "federation.num_clients=300", "data.partition={name: iid}"])
     (folder,) = write_node_data(cfg, tmp_path, partition_ids=[7], fmt="images")
@@ -312,8 +312,8 @@ def test_deploy_local_refuses_bad_node_data_folders_before_flower_starts(tmp_pat
 def test_client_side_diagnostics_and_class_statistics_run_unchanged_on_node_data(tmp_path):
     """circuits (on the client's data, after training and on the aggregate) and NCM's class
     statistics: a node on its shard's file reports what the shard node reports."""
-    from fedmech_flwr import plugins
-    from fedmech_flwr.experiment import load_experiment
+    from fedmech_flwr.contracts import plugins
+    from fedmech_flwr.spec.experiment import load_experiment
 
     plugins.load()
     cfg = load_experiment(REPO / "experiments" / "circuits_smoke.yaml",

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 from test_report import CLASSES, config, write_run
 
-from fedmech_flwr.outputs import Metric, Outputs, declared, undeclared
-from fedmech_flwr.run_folder import RunFolder, read_records
+from fedmech_flwr.artifacts.folder import RunFolder, read_records
+from fedmech_flwr.contracts.outputs import Metric, Outputs, declared, undeclared
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import write_report
 from fedmech_flwr.tools.status import run_status
@@ -54,7 +54,7 @@ def lab(tmp_path_factory) -> str:
     (folder / f"{name}.py").write_text(LAB.format(name=name))
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(folder))
-        from fedmech_flwr import plugins
+        from fedmech_flwr.contracts import plugins
 
         plugins.import_plugin(name, "lab.yaml: plugins[0]")
     return name
@@ -187,7 +187,7 @@ def test_a_key_is_declared_once_as_sent():
 
 
 def test_every_record_writes_its_keys_one_way(tmp_path):
-    from fedmech_flwr.hooks import DiagnosticResult
+    from fedmech_flwr.contracts.hooks import DiagnosticResult
 
     folder = RunFolder(tmp_path)
     folder.diagnostic(1, "d", DiagnosticResult({"my-key": 1.0, "nested": {"inner-key": 2.0}}), 0.5)
@@ -203,7 +203,7 @@ def test_keys_a_declaring_diagnostic_records_beside_its_declared_ones_are_named_
     from types import SimpleNamespace
 
     from fedmech_flwr.app.run import Run
-    from fedmech_flwr.outputs import unshown
+    from fedmech_flwr.contracts.outputs import unshown
 
     records = [{"kind": "diagnostic", "round": r, "name": "weight_divergence", "seconds": 0.1,
                 "mean": {"relative_distance": 0.1}, "per_layer_extra": {"conv1": 0.2}} for r in (1, 2)]

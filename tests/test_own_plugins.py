@@ -19,11 +19,11 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from conftest import REPO, SMOKE
-from fedmech_flwr import plugins
 from fedmech_flwr.app import client_app
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.spec.experiment import load_experiment
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 LAB = "lab16"

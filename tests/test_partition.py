@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from fedmech_flwr import plotting
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.partition import (
+from fedmech_flwr.artifacts import plotting
+from fedmech_flwr.artifacts.plotting import BARS_UP_TO, plot_label_distribution
+from fedmech_flwr.datasets.partition import (
     PARTITIONERS,
     ClassesPerClientConfig,
     ClassMapConfig,
@@ -17,8 +17,8 @@ from fedmech_flwr.partition import (
     label_histograms,
     partition_dataset,
 )
-from fedmech_flwr.plotting import BARS_UP_TO, plot_label_distribution
-from fedmech_flwr.typed import parse_dataclass
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.typed import parse_dataclass
 
 LABELS = np.random.default_rng(0).permutation(np.arange(2000) % 10)  # 200 per class
 

@@ -23,12 +23,12 @@ from fedmech_flwr.app.protocol import (
     simulated_roster,
 )
 from fedmech_flwr.app.ray_actors import RayNodeLost
-from fedmech_flwr.arrays import from_record, pack, to_record
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
-from fedmech_flwr.data import DatasetBundle
-from fedmech_flwr.seeds import numpy_rng
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY
-from fedmech_flwr.wire import CLIENT_STATE_KEY, CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
+from fedmech_flwr.contracts.strategy import OFFERED_NODES_ONLY
+from fedmech_flwr.contracts.wire import CLIENT_STATE_KEY, CONFIG_KEY, DATA_SPEC_KEY, IDENTIFY_ACTION
+from fedmech_flwr.datasets.data import DatasetBundle
+from fedmech_flwr.foundation.seeds import numpy_rng
+from fedmech_flwr.learning.arrays import from_record, pack, to_record
 
 # Node ids deliberately out of partition order: sorting by node id would give 1, 2, 0.
 PARTITIONS = {0: 1005, 1: 1001, 2: 1003}
@@ -189,7 +189,7 @@ def discover(grid: InProcessGrid, expected: int, timeout: float = 5):
 
     from conftest import smoke_config
     from fedmech_flwr.app.node_data import NodeDataSpec
-    from fedmech_flwr.experiment import load_data
+    from fedmech_flwr.spec.experiment import load_data
 
     cfg = smoke_config()
     bundle: DatasetBundle = load_data(cfg)

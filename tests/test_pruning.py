@@ -6,16 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import (
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.typed import parse_dataclass
+from fedmech_flwr.learning.pruning import (
     MagnitudePruner,
     PruningConfig,
     layer_sparsity,
     overall_sparsity,
     prune_to,
 )
-from fedmech_flwr.typed import parse_dataclass
+from fedmech_flwr.models import build_model
 
 
 def make_model(seed: int = 0):

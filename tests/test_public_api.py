@@ -18,9 +18,10 @@ from string import Template
 import pytest
 
 from conftest import REPO
-from fedmech_flwr import api, plugins
+from fedmech_flwr import api
 from fedmech_flwr.api import _builtin
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.foundation.errors import ConfigError
 from fedmech_flwr.tools import reference
 from fedmech_flwr.tools.new_plugin import MODULES, TESTS
 
@@ -61,7 +62,7 @@ def test_each_name_is_promised_once_and_resolves():
 
 
 def test_the_figures_are_imported_on_first_use():
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
     from fedmech_flwr.api import diagnostic
 
     assert diagnostic.line_plot is plotting.line_plot and diagnostic.heatmap is plotting.heatmap
@@ -114,7 +115,7 @@ def test_every_public_function_and_main_entry_has_a_numpydoc_docstring():
     from fedmech_flwr.api.diagnostic import Diagnostic
     from fedmech_flwr.api.model import FedMechModel
     from fedmech_flwr.api.strategy import WeightedFedAvg
-    from fedmech_flwr.registry import Registry
+    from fedmech_flwr.foundation.registry import Registry
 
     functions = {name: value for face in FACES for name in importlib.import_module(face).__all__
                  if inspect.isfunction(value := getattr(importlib.import_module(face), name))}
@@ -182,7 +183,7 @@ def test_the_old_registration_styles_still_register_with_a_warning(monkeypatch):
 
 # --- the built-in packages' names -----------------------------------------------------------
 
-TRAPS = ("tests", "benchmarks", "examples", "scripts", "fedmech_flwr", "fedmech_flwr.registry")
+TRAPS = ("tests", "benchmarks", "examples", "scripts", "fedmech_flwr", "fedmech_flwr.foundation.registry")
 """Folders at the top of the repository beside the built-in packages, a second copy of the
 core (with registries of its own) among them."""
 
@@ -241,18 +242,18 @@ def test_a_plugin_importing_an_internal_module_gets_one_visible_line_naming_the_
     warning filter hides; one that imports only the public api is told nothing."""
     import logging
 
-    (tmp_path / "lab_internal.py").write_text("import fedmech_flwr.hooks\nfrom fedmech_flwr import strategy\n"
+    (tmp_path / "lab_internal.py").write_text("import fedmech_flwr.contracts.hooks\nfrom fedmech_flwr.contracts import strategy\n"
                                               "from fedmech_flwr.api import _builtin\n"
                                               "from fedmech_flwr.api.strategy import STRATEGIES\n")
     (tmp_path / "lab_public.py").write_text("from fedmech_flwr.api.strategy import STRATEGIES\nimport fedmech_flwr.api\n"
                                             "from fedmech_flwr.api import ConfigError, model\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.plugins"):
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.contracts.plugins"):
         for _ in range(2):
             plugins.import_plugin("lab_internal", "x.yaml: plugins[0]")
             plugins.import_plugin("lab_public", "x.yaml: plugins[1]")
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["plug-in lab_internal imports fedmech_flwr.api._builtin, fedmech_flwr.hooks, fedmech_flwr.strategy: "
+    assert said == ["plug-in lab_internal imports fedmech_flwr.api._builtin, fedmech_flwr.contracts.hooks, fedmech_flwr.contracts.strategy: "
                     "internal modules, which change without notice; import what it needs from fedmech_flwr.api and "
                     "its role modules instead (fedmech_flwr.api.strategy, ...: their __all__ list every name a "
                     "plug-in may use)"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import declared
+from fedmech_flwr.contracts.outputs import declared
+from fedmech_flwr.foundation.errors import ConfigError
 from fedmech_flwr.tools.published import read_paper_values, verdict
 from fedmech_flwr.tools.report.stats import difference_ci
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_gone, launch_processes_of, once_per_session
-from fedmech_flwr.liveness import process_alive
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.artifacts.liveness import process_alive
 from fedmech_flwr.tools.local_flower import QUIET_ENV, free_port
 from fedmech_flwr.tools.processes import stop_processes, descendants
 

@@ -10,14 +10,14 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from conftest import rolled_head, small_cnn
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record, weighted_mean
 from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
 from fedmech_flwr.builtin.strategies.fedprox import FedProxConfig
 from fedmech_flwr.builtin.strategies.realign import CCVRConfig, HeadRealignConfig, RealignConfig, TauNormConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.heads import ClassStats, LinearHead, class_stats, features, ncm_head, score
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.contracts.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, to_record, weighted_mean
+from fedmech_flwr.learning.heads import ClassStats, LinearHead, class_stats, features, ncm_head, score
 
 NUM_CLASSES = 4
 EXAMPLES = [10, 30, 60]

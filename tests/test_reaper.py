@@ -11,7 +11,7 @@ import sys
 import time
 
 from conftest import REPO, launch_processes_of
-from fedmech_flwr.liveness import process_alive
+from fedmech_flwr.artifacts.liveness import process_alive
 from fedmech_flwr.tools.reaper import MARKER, launch_processes
 
 OWNER = """

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from conftest import CHROMIUM, REPO, browser_page
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import declarations, declared, recorded_flags
-from fedmech_flwr.run_folder import RunFolder, read_records
-from fedmech_flwr.safe_text import CONTROL
+from fedmech_flwr.artifacts.folder import RunFolder, read_records
+from fedmech_flwr.contracts.outputs import declarations, declared, recorded_flags
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.safe_text import CONTROL
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import Stat, format_stat, read_inputs, read_paper_values, write_report
 
@@ -518,7 +518,7 @@ def test_an_all_empty_circuit_round_is_flagged_and_satisfies_no_bound(tmp_path):
 
 def spy_line_plots(monkeypatch) -> dict[str, dict]:
     """The keyword arguments of every line plot drawn from now on, by title."""
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
 
     drawn = {}
     real = plotting.line_plot
@@ -534,7 +534,7 @@ def spy_line_plots(monkeypatch) -> dict[str, dict]:
 def test_the_run_plots_flag_the_rounds_of_a_one_class_model(tmp_path, monkeypatch):
     """``fedmech plot``'s accuracy curve writes the flag at each round where the global
     model predicts one class, with the rule under the axes."""
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
 
     drawn = spy_line_plots(monkeypatch)
     plotting.plot_run(write_run(tmp_path / "run", config(0), accuracy=0.25, collapsed=True))
@@ -560,9 +560,10 @@ REAL_RUNS = {
 def test_a_real_runs_flags_travel_with_its_values_to_every_output(case, tmp_path, caplog, monkeypatch):
     """A smoke-size run in process: its flagged values are marked in the console's round
     line, the sweep's progress line, the run's accuracy plot and the report's cells."""
-    from fedmech_flwr import plotting, plugins
+    from fedmech_flwr.artifacts import plotting
+    from fedmech_flwr.contracts import plugins
     from fedmech_flwr.app.inprocess import run_in_process
-    from fedmech_flwr.experiment import load_experiment
+    from fedmech_flwr.spec.experiment import load_experiment
     from fedmech_flwr.tools.sweep import headline
 
     plugins.load()
@@ -583,10 +584,10 @@ def test_a_real_runs_flags_travel_with_its_values_to_every_output(case, tmp_path
 
 PLUGIN = '''
 from dataclasses import dataclass
-from fedmech_flwr.hooks import DIAGNOSTICS, Diagnostic
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.plotting import line_plot
-from fedmech_flwr.strategy import STRATEGIES
+from fedmech_flwr.contracts.hooks import DIAGNOSTICS, Diagnostic
+from fedmech_flwr.contracts.outputs import Metric, Outputs
+from fedmech_flwr.artifacts.plotting import line_plot
+from fedmech_flwr.contracts.strategy import STRATEGIES
 
 
 @dataclass
@@ -664,7 +665,7 @@ def test_the_consoles_round_line_flags_a_one_class_model(caplog, fraction, flagg
     from types import SimpleNamespace
 
     from fedmech_flwr.app.run import Run
-    from fedmech_flwr.training import EvalResult
+    from fedmech_flwr.learning.training import EvalResult
 
     evaluated = {"kind": "eval", "round": 2, "accuracy": 0.1, "max_predicted_class": 3,
                  "max_predicted_fraction": fraction}
@@ -716,7 +717,7 @@ def test_identical_curves_share_one_line_and_one_legend_entry(tmp_path, monkeypa
     with no visible line."""
     from matplotlib.figure import Figure
 
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
 
     drawn = []
     monkeypatch.setattr(plotting, "save_figure", lambda fig, path: drawn.append(fig) or path)
@@ -734,7 +735,7 @@ def test_curves_put_each_method_beside_its_own_control_in_one_panel(tmp_path, mo
     """Groups that differ in their skew and their method: one panel per method, a line per
     skew level in the same colour in every panel, one legend; a flagged seed is ringed in
     its own panel only."""
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
 
     drawn, real = {}, plotting.save_figure
     monkeypatch.setattr(plotting, "save_figure", lambda fig, path: real(drawn.setdefault(path.name, fig), path))
@@ -753,7 +754,7 @@ def test_curves_put_each_method_beside_its_own_control_in_one_panel(tmp_path, mo
 def test_the_panels_legend_lists_every_series_before_the_rings(tmp_path, monkeypatch):
     """A ring in the first panel and a series first seen in the second: the legend still
     reads series, then rings."""
-    from fedmech_flwr import plotting
+    from fedmech_flwr.artifacts import plotting
 
     drawn, real = [], plotting.save_figure
     monkeypatch.setattr(plotting, "save_figure", lambda fig, path: real(drawn.append(fig) or fig, path))

@@ -16,23 +16,23 @@ from flwr.app import ConfigRecord, Message
 
 from conftest import killed_then_resumed, smoke_config
 from fedmech_flwr.app.inprocess import run_in_process, train_replies
-from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.clients.etf import ETFClient, ETFConfig, check_etf_client, etf_logits
 from fedmech_flwr.builtin.clients.feddecorr import FedDecorrClient, FedDecorrConfig, decorrelation_loss
 from fedmech_flwr.builtin.clients.fedrs import FedRSClient, FedRSConfig, restricted_logits
 from fedmech_flwr.builtin.clients.moon import MoonClient, MoonConfig, model_contrastive_loss
 from fedmech_flwr.builtin.strategies.fedavg import FedAvgConfig
 from fedmech_flwr.builtin.strategies.fedetf import check_fedetf, simplex_etf
-from fedmech_flwr.client import ClientData, FedMechClient
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import load_data, new_model
+from fedmech_flwr.contracts.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.seeds import numpy_rng, seed_for
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_arrays, load_model_arrays, model_arrays, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig, evaluate, seed_everything
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.run_folder import read_records
-from fedmech_flwr.seeds import numpy_rng, seed_for
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import TrainConfig, evaluate, seed_everything
+from fedmech_flwr.spec.experiment import load_data, new_model
 
 LABELS = (0, 0, 0, 1, 1, 2)
 """x 4: 12, 8 and 4 samples of classes 0-2; class 3 absent."""

@@ -14,7 +14,7 @@ import torch
 
 from conftest import audit_round_state
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.arrays import NamedArrays, model_arrays
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.diagnostics.representation_similarity import (
     RepresentationSimilarity,
     RepresentationSimilarityConfig,
@@ -23,10 +23,10 @@ from fedmech_flwr.builtin.diagnostics.representation_similarity import (
     cka_matrix,
     hsic,
 )
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import headline
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.contracts.outputs import headline
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, model_arrays
 
 NUM_CLASSES = 4
 

@@ -26,17 +26,17 @@ from flwr.common.constant import ErrorCode
 
 from conftest import REPO, SMOKE, as_killed, assert_same_run, killed_then_resumed, run_folders, smoke_config
 from faults import INJECTED, Fault, SimulatedCrash, faulty_app
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.app.protocol import ClientFailure, failure_reason
 from fedmech_flwr.app.protocol import REASON_MAX_CHARS, one_line
 from fedmech_flwr.app.run import Diverged
-from fedmech_flwr.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
+from fedmech_flwr.artifacts.folder import LOCK_FILE, METRICS_FILE, STATE_FILE, RunFolder, read_records, read_status
 from fedmech_flwr.builtin.strategies.fedavg import WeightedFedAvg
-from fedmech_flwr.errors import BadFileError, RunFolderError
-from fedmech_flwr.files import TEMPORARY_GLOB, write_atomic
-from fedmech_flwr.run_folder import LOCK_FILE, METRICS_FILE, STATE_FILE, RunFolder, read_records, read_status
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.strategy import OFFERED_NODES_ONLY, STRATEGIES
+from fedmech_flwr.foundation.errors import BadFileError, RunFolderError
+from fedmech_flwr.foundation.files import TEMPORARY_GLOB, write_atomic
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_arrays, non_finite, save_arrays, to_record
 from fedmech_flwr.tools import cli
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from fedmech_flwr.tools.local_flower import LaunchResult

@@ -24,9 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedmech_flwr.app.inprocess import InProcessGrid
-from fedmech_flwr.arrays import NamedArrays, cast, from_record, pack, to_record
-from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
 from fedmech_flwr.builtin.clients.feddecorr import FedDecorrClient, FedDecorrConfig
+from fedmech_flwr.builtin.clients.fedlc import FedLCClient, FedLCConfig
 from fedmech_flwr.builtin.clients.fednova import A_NORM
 from fedmech_flwr.builtin.clients.fedrs import FedRSClient, FedRSConfig
 from fedmech_flwr.builtin.clients.moon import MoonClient, MoonConfig
@@ -40,13 +39,14 @@ from fedmech_flwr.builtin.strategies.fednova import FedNova
 from fedmech_flwr.builtin.strategies.fedopt import ResumableFedAdam, ResumableFedAvgM
 from fedmech_flwr.builtin.strategies.fedprox import WeightedFedProx
 from fedmech_flwr.builtin.strategies.scaffold import Scaffold
-from fedmech_flwr.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.client import ClientData, FedMechClient
+from fedmech_flwr.contracts.strategy import OFFERED_NODES_ONLY
+from fedmech_flwr.contracts.testing import train_replies
+from fedmech_flwr.contracts.wire import REPORT_KEY, UPLOAD_PREFIX
+from fedmech_flwr.learning.arrays import NamedArrays, cast, from_record, pack, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import build_model
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.strategy import OFFERED_NODES_ONLY
-from fedmech_flwr.testing import train_replies
-from fedmech_flwr.training import TrainConfig
-from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
 CHEAP = settings(max_examples=15, deadline=None, derandomize=True, database=None)
 """Few cases, no per-case deadline (the first case pays the imports), a fixed draw, and no

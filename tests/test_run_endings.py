@@ -24,7 +24,7 @@ from faults import fill
 from fedmech_flwr.app import run as run_module
 from fedmech_flwr.app.inprocess import resume_in_process, run_in_process
 from fedmech_flwr.app.tensorboard_events import TENSORBOARD_DIR, EventFiles
-from fedmech_flwr.run_folder import RESERVE_FILE, RunFolder, read_records, read_status
+from fedmech_flwr.artifacts.folder import RESERVE_FILE, RunFolder, read_records, read_status
 
 
 def full_before(monkeypatch, owner, name: str, disk: Path, when=lambda *args: True) -> None:
@@ -113,9 +113,9 @@ def test_a_plugin_plot_that_fails_costs_its_plot_not_the_run(tmp_path, caplog, m
     """A diagnostic's ``plot`` that raises, or that writes a file no reader can open, is
     skipped with a warning naming the plug-in's file:line; the run completes and its
     folder lists what was skipped (the page shows it)."""
-    from fedmech_flwr import plugins
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.plotting import skipped_plots
+    from fedmech_flwr.contracts import plugins
+    from fedmech_flwr.contracts.hooks import DIAGNOSTICS
+    from fedmech_flwr.artifacts.plotting import skipped_plots
 
     plugins.load()
     diagnostic = DIAGNOSTICS.get("weight_divergence").factory

@@ -13,11 +13,11 @@ import pytest
 
 from conftest import REPO
 from fedmech_flwr.app.protocol import one_line
-from fedmech_flwr.errors import BadFileError, RunFolderError
-from fedmech_flwr.liveness import FolderLock, live_holder
-from fedmech_flwr.run_folder import (
+from fedmech_flwr.artifacts.folder import (
     CHECKPOINT_DIR, FINAL_MODEL_FILE, METRICS_FILE, ResumePoint, RunFolder, read_records, round_file,
 )
+from fedmech_flwr.artifacts.liveness import FolderLock, live_holder
+from fedmech_flwr.foundation.errors import BadFileError, RunFolderError
 
 
 def test_records_come_back_in_order_and_by_kind(tmp_path):

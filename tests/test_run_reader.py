@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from test_report import config, group, make_sweep, write_run
 
-from fedmech_flwr.errors import BadFileError
-from fedmech_flwr.liveness import FolderLock, live_holder, writer_alive, writer_gone, writer_of
-from fedmech_flwr.outputs import declarations, recorded_flags
-from fedmech_flwr.run_folder import RunFolder, read_outputs, read_records
-from fedmech_flwr.run_reader import read_run, read_sweep
+from fedmech_flwr.artifacts.folder import RunFolder, read_outputs, read_records
+from fedmech_flwr.artifacts.liveness import FolderLock, live_holder, writer_alive, writer_gone, writer_of
+from fedmech_flwr.artifacts.reader import read_run, read_sweep
+from fedmech_flwr.contracts.outputs import declarations, recorded_flags
+from fedmech_flwr.foundation.errors import BadFileError
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.report import write_report
 
@@ -51,7 +51,7 @@ def test_a_lock_of_another_host_is_taken_over_with_a_warning(tmp_path, caplog):
     lock_file.parent.mkdir()
     lock_file.write_text(json.dumps({"pid": 7, "host": "gpu-7", "since": "2025-01-02T03:04:05+00:00"}))
     assert live_holder(lock_file) is None  # not alive here: a writer may take it over, but not silently
-    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.run_folder"), FolderLock(lock_file, "retry"):
+    with caplog.at_level(logging.WARNING, logger="fedmech_flwr.artifacts.folder"), FolderLock(lock_file, "retry"):
         assert live_holder(lock_file)["pid"] == os.getpid()
     assert f"taking over {lock_file}, held by a process on gpu-7 (pid 7), not checked from here" in caplog.text
     assert not lock_file.exists()

@@ -1,11 +1,11 @@
-"""Known answers of ``fedmech_flwr.safe_text``: what the console, the report and the CSV
+"""Known answers of ``fedmech_flwr.foundation.safe_text``: what the console, the report and the CSV
 export make of text read from files."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedmech_flwr.safe_text import csv_cell, printable
+from fedmech_flwr.foundation.safe_text import csv_cell, printable
 
 
 @pytest.mark.parametrize(("text", "shown"), [
@@ -39,7 +39,7 @@ def test_a_figures_text_is_made_printable_but_keeps_its_own_line_breaks(tmp_path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedmech_flwr.files import save_figure
+    from fedmech_flwr.foundation.files import save_figure
 
     fig, ax = plt.subplots()
     ax.plot([0, 1], label="published, at\nanother protocol")

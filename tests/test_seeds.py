@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from fedmech_flwr.seeds import numpy_rng, seed_for, torch_generator
+from fedmech_flwr.foundation.seeds import numpy_rng, seed_for, torch_generator
 
 
 def test_known_answers_pin_the_rule():
@@ -40,9 +40,9 @@ def test_building_a_model_leaves_the_process_wide_rngs_as_they_were(smoke_cfg):
     them, and still gets the same initial weights every time."""
     import random
 
-    from fedmech_flwr.arrays import model_arrays
-    from fedmech_flwr.data import load_dataset
-    from fedmech_flwr.experiment import new_model
+    from fedmech_flwr.learning.arrays import model_arrays
+    from fedmech_flwr.datasets.data import load_dataset
+    from fedmech_flwr.spec.experiment import new_model
 
     bundle = load_dataset(smoke_cfg.data.dataset.name, smoke_cfg.data.dataset.params)
     random.seed(7), np.random.seed(7), torch.manual_seed(7)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from fedmech_flwr.safe_text import CONTROL, printable
+from fedmech_flwr.foundation.safe_text import CONTROL, printable
 from fedmech_flwr.tools import cli
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.status import read_sweep, run_status, seconds_per_round, sweep_status
@@ -98,7 +98,7 @@ def test_a_reused_pid_an_interruption_and_a_run_that_never_started(tmp_path, cap
     process that has gone (its pid reused): interrupted. A status of ``interrupted`` (a
     signal stopped it) says how to continue. A folder holding only the lock of a gone
     ``fedmech`` process is a run that never started."""
-    from fedmech_flwr.liveness import process_start
+    from fedmech_flwr.artifacts.liveness import process_start
 
     reused = write_run(tmp_path / "reused", start=process_start(os.getpid()) - 1)
     assert main(["status", str(reused)]) == 1

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import REPO, as_killed
-from fedmech_flwr.errors import ConfigError, RunFolderError
+from fedmech_flwr.foundation.errors import ConfigError, RunFolderError
 from fedmech_flwr.tools.cli import main
 from fedmech_flwr.tools.sweep import auto_label, check_fits, headline, load_sweep, plan_action
 

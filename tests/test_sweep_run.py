@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_gone, assert_same_run, launch_processes_of, once_per_session
-from fedmech_flwr.run_folder import STATE_FILE
+from fedmech_flwr.artifacts.folder import STATE_FILE
 from fedmech_flwr.tools.report import write_report
 
 pytestmark = pytest.mark.integration

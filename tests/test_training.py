@@ -8,9 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedmech_flwr.models import build_model
-from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import (
+from fedmech_flwr.foundation.seeds import seed_for
+from fedmech_flwr.learning.training import (
     TrainConfig,
     channels_last_copy,
     cross_entropy_objective,
@@ -21,6 +20,7 @@ from fedmech_flwr.training import (
     seed_everything,
     train_epochs,
 )
+from fedmech_flwr.models import build_model
 
 
 class FixedLogits(nn.Module):

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, fenced_blocks, shows
-from fedmech_flwr.data import DEBIAN_FASHION_MNIST
+from fedmech_flwr.datasets.data import DEBIAN_FASHION_MNIST
 
 DOC = REPO / "docs" / "tutorials" / "first_strategy.md"
 FILE = re.compile(r"^# file: (\S+)(?: \((replace|append)\))?$")

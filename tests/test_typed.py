@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.typed import describe_fields, join_key, parse_dataclass, to_plain
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.typed import describe_fields, join_key, parse_dataclass, to_plain
 
 
 @dataclass

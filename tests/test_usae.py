@@ -29,10 +29,10 @@ from fedmech_flwr.builtin.diagnostics.usae.metrics import (
 )
 from fedmech_flwr.builtin.diagnostics.usae.model import USAE, USAEConfig, load_usae, save_usae
 from fedmech_flwr.builtin.diagnostics.usae.train import train_usae
-from fedmech_flwr.data import SyntheticConfig, load_dataset
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.datasets.data import SyntheticConfig, load_dataset
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.typed import parse_dataclass
 from fedmech_flwr.models import build_model
-from fedmech_flwr.typed import parse_dataclass
 
 SMALL = {"dict_size": 32, "k": 3, "epochs": 20, "batch_size": 128, "lr": 1e-2, "min_steps": 0}
 """20 passes of 16 batches over 2,000 planted tokens: 320 steps, R^2 about 0.98 (no floor needed)."""

@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from conftest import smoke_config
-from fedmech_flwr.arrays import load_arrays, save_arrays
+from fedmech_flwr.artifacts.folder import read_records
 from fedmech_flwr.builtin.diagnostics.usae.model import load_usae
-from fedmech_flwr.run_folder import read_records
+from fedmech_flwr.learning.arrays import load_arrays, save_arrays
 from fedmech_flwr.tools.cli import EXIT_BAD_INPUT, build_parser, main
 
 TINY = ["--set", "expansion=2", "--set", "k=4", "--set", "epochs=2"]
@@ -176,10 +176,10 @@ def test_per_round_diagnostic_records_metrics_every_round(usae_run, tmp_path):
 
 def test_diagnostic_against_a_reference_model(smoke_run, usae_run):
     from fedmech_flwr.builtin.diagnostics.usae.diagnostic import Usae, UsaeDiagnosticConfig
-    from fedmech_flwr.arrays import load_model_arrays
-    from fedmech_flwr.experiment import load_data, new_model
-    from fedmech_flwr.hooks import RoundState
-    from fedmech_flwr.typed import parse_dataclass
+    from fedmech_flwr.learning.arrays import load_model_arrays
+    from fedmech_flwr.spec.experiment import load_data, new_model
+    from fedmech_flwr.contracts.hooks import RoundState
+    from fedmech_flwr.foundation.typed import parse_dataclass
 
     cfg = smoke_config()
     bundle = load_data(cfg)
@@ -204,7 +204,7 @@ def test_analyse_streams_tokens_past_the_memory_limit(smoke_run, usae_run):
     from fedmech_flwr.builtin.diagnostics.usae.analysis import analyse
     from fedmech_flwr.builtin.diagnostics.usae.model import USAEConfig
     from fedmech_flwr.builtin.diagnostics.usae.sources import load_source_model, parse_source
-    from fedmech_flwr.experiment import load_data
+    from fedmech_flwr.spec.experiment import load_data
 
     models = [load_source_model(parse_source(str(run))) for run in (smoke_run, usae_run)]
     bundle = load_data(smoke_config())

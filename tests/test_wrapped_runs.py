@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from fedmech_flwr import plugins
 from fedmech_flwr.app.inprocess import run_in_process
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import read_records, read_status
+from fedmech_flwr.artifacts.folder import read_records, read_status
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.spec.experiment import load_experiment
 from test_models import user_mlp  # noqa: F401  (registers user_mlp)
 
 TINY = [  # batches of 30: no client's last batch holds one image, which BatchNorm cannot train on at 1x1

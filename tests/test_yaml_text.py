@@ -1,13 +1,13 @@
 """Known answers of the strict YAML loader that every config, sweep and values file goes
-through (``fedmech_flwr.yaml_text``)."""
+through (``fedmech_flwr.foundation.yaml_text``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.safe_text import CONTROL
-from fedmech_flwr.yaml_text import MAX_NODES, load_yaml, read_yaml_file
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.safe_text import CONTROL
+from fedmech_flwr.foundation.yaml_text import MAX_NODES, load_yaml, read_yaml_file
 
 
 def test_plain_yaml_and_merges_load_as_pyyaml_loads_them():

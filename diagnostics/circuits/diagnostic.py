@@ -217,7 +217,7 @@ class Circuits(Diagnostic):
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Each client's latest class circuits, as ``<partition id>/<class>/<layer>``: the
-        ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.hooks.Resumable``)."""
+        ``intra_client`` IoU of a resumed run needs them (``fedmech_flwr.contracts.hooks.Resumable``)."""
         return {f"{partition_id}/{c}/{layer}": mask for partition_id, classes in self._previous.items()
                 for c, masks in classes.items() for layer, mask in masks.items()}
 

@@ -1,7 +1,7 @@
 """Comparing circuits.
 
 A mask is a dict gated-layer name -> bool vector [channels] (torch or NumPy); how masks
-travel between clients and server is :mod:`fedmech_flwr.masks`.
+travel between clients and server is :mod:`fedmech_flwr.learning.masks`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ or a data plug-in may import, one module per role, each with its own ``__all__``
 
 Every role registers the same way, with its registry's decorator
 ``REGISTRY.register(name, ConfigCls, pairs_with=..., check=..., outputs=...)``
-(``fedmech_flwr.registry.Registry.register``). The names in these ``__all__`` keep their
+(``fedmech_flwr.foundation.registry.Registry.register``). The names in these ``__all__`` keep their
 name and meaning within a release; one that moves stays for one more release with a
 ``DeprecationWarning`` naming its new place. Everything else of fedmech is private and may
 change, ``fedmech_flwr.api._builtin`` (what only the built-in plug-ins use) included:
@@ -31,11 +31,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import Metric, Outputs
-from fedmech_flwr.seeds import numpy_rng, seed_for, torch_generator
+from fedmech_flwr.contracts.outputs import Metric, Outputs
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.seeds import numpy_rng, seed_for, torch_generator
+from fedmech_flwr.spec.config import ExperimentConfig
 
 FACES = ("client", "strategy", "diagnostic", "model", "command", "data")
 """The role modules under ``fedmech_flwr.api``, each a public face with its own ``__all__``."""

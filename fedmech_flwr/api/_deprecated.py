@@ -15,11 +15,11 @@ from fedmech_flwr.api import FACES
 FACE_MODULES = tuple(f"fedmech_flwr.api.{face}" for face in FACES)
 
 UNLISTED = {
-    "BadFileError": "fedmech_flwr.errors", "DataNotFoundError": "fedmech_flwr.errors",
-    "RunFolderError": "fedmech_flwr.errors", "Check": "fedmech_flwr.checks", "ClientData": "fedmech_flwr.client",
-    "Entry": "fedmech_flwr.registry", "Registry": "fedmech_flwr.registry", "plugin_registries": "fedmech_flwr.config",
-    "ReportsAnotherModel": "fedmech_flwr.strategy", "StartsFromItsOwnModel": "fedmech_flwr.strategy",
-    "SENT_LOSS": "fedmech_flwr.strategy", "Resumable": "fedmech_flwr.hooks", "record_key": "fedmech_flwr.run_folder",
+    "BadFileError": "fedmech_flwr.foundation.errors", "DataNotFoundError": "fedmech_flwr.foundation.errors",
+    "RunFolderError": "fedmech_flwr.foundation.errors", "Check": "fedmech_flwr.spec.checks", "ClientData": "fedmech_flwr.contracts.client",
+    "Entry": "fedmech_flwr.foundation.registry", "Registry": "fedmech_flwr.foundation.registry", "plugin_registries": "fedmech_flwr.spec.config",
+    "ReportsAnotherModel": "fedmech_flwr.contracts.strategy", "StartsFromItsOwnModel": "fedmech_flwr.contracts.strategy",
+    "SENT_LOSS": "fedmech_flwr.contracts.strategy", "Resumable": "fedmech_flwr.contracts.hooks", "record_key": "fedmech_flwr.artifacts.folder",
     "register": "fedmech_flwr.api._deprecated", "register_module": "fedmech_flwr.models.wrapped",
 }
 """Old names that are neither public now nor used by the built-ins, and their modules."""
@@ -52,8 +52,8 @@ def register(kind: str, name: str, config_cls: type | None = None, **options: An
     config_cls, **options)`` of the registry of ``kind``, the entry's module the caller's."""
     import sys
 
-    from fedmech_flwr.config import plugin_registries
-    from fedmech_flwr.errors import ConfigError
+    from fedmech_flwr.spec.config import plugin_registries
+    from fedmech_flwr.foundation.errors import ConfigError
 
     registries = plugin_registries()
     if kind not in registries:

@@ -12,8 +12,8 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.conformance import check_client
-from fedmech_flwr.client import CLIENTS, FedMechClient
+from fedmech_flwr.contracts.client import CLIENTS, FedMechClient
+from fedmech_flwr.contracts.conformance import check_client
 
 __all__ = [
     "CLIENTS", "FedMechClient",

@@ -11,6 +11,6 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.commands import COMMANDS, Command, Help
+from fedmech_flwr.contracts.commands import COMMANDS, Command, Help
 
 __all__ = ["COMMANDS", "Command", "Help"]

@@ -12,7 +12,7 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.data import DATASETS, DatasetBundle
-from fedmech_flwr.partition import PARTITIONERS
+from fedmech_flwr.datasets.data import DATASETS, DatasetBundle
+from fedmech_flwr.datasets.partition import PARTITIONERS
 
 __all__ = ["DATASETS", "DatasetBundle", "PARTITIONERS"]

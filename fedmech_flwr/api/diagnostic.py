@@ -15,10 +15,10 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.conformance import check_diagnostic
+from fedmech_flwr.contracts.conformance import check_diagnostic
 from typing import Any
 
-from fedmech_flwr.hooks import (
+from fedmech_flwr.contracts.hooks import (
     DIAGNOSTICS,
     ClientContext,
     ClientUpdate,
@@ -43,7 +43,7 @@ _FIGURES = ("heatmap", "line_plot")
 
 def __getattr__(name: str) -> Any:
     if name in _FIGURES:
-        from fedmech_flwr import plotting
+        from fedmech_flwr.artifacts import plotting
 
         return getattr(plotting, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.conformance import check_model
+from fedmech_flwr.contracts.conformance import check_model
 from fedmech_flwr.models import MODELS, FedMechModel, build_model, wrap_module
 
 __all__ = [

@@ -12,9 +12,8 @@ Examples
 
 from __future__ import annotations
 
-from fedmech_flwr.conformance import check_strategy
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record, weighted_mean
-from fedmech_flwr.strategy import (
+from fedmech_flwr.contracts.conformance import check_strategy
+from fedmech_flwr.contracts.strategy import (
     CLIENT_QUERIES,
     OFFERED_NODES_ONLY,
     STRATEGIES,
@@ -24,8 +23,9 @@ from fedmech_flwr.strategy import (
     WeightedFedAvg,
     uploaded,
 )
-from fedmech_flwr.testing import train_replies
-from fedmech_flwr.wire import query_nodes
+from fedmech_flwr.contracts.testing import train_replies
+from fedmech_flwr.contracts.wire import query_nodes
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, to_record, weighted_mean
 
 __all__ = [
     "STRATEGIES", "FedAvgConfig", "OFFERED_NODES_ONLY", "StrategyContext", "WeightedFedAvg",

@@ -34,7 +34,7 @@ client's data and replies with a ``report``.
 
 Any other ``query.<name>`` is a strategy's client query: it carries a model, and the
 ClientApp replies with the record of the handler registered under ``name`` in
-``fedmech_flwr.strategy.CLIENT_QUERIES``, run on the client's own data.
+``fedmech_flwr.contracts.strategy.CLIENT_QUERIES``, run on the client's own data.
 """
 
 from __future__ import annotations
@@ -50,17 +50,12 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app.client_side import NodeRound
 from fedmech_flwr.app.node_data import NodeData, NodeDataError, NodeDataSpec, load_node_data
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, pack, to_record
-from fedmech_flwr.client import CLIENTS, ClientData
-from fedmech_flwr.config import Component, ExperimentConfig, experiment_from_json
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import client_partitions, load_data, new_model
-from fedmech_flwr.strategy import CLIENT_QUERIES, QueryContext
-from fedmech_flwr.training import evaluate, resolve_device
-from fedmech_flwr.wire import (
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.client import CLIENTS, ClientData
+from fedmech_flwr.contracts.strategy import CLIENT_QUERIES, QueryContext
+from fedmech_flwr.contracts.wire import (
     CLIENT_STATE_KEY,
     CONFIG_KEY,
     DATA_SPEC_KEY,
@@ -70,6 +65,11 @@ from fedmech_flwr.wire import (
     REPORT_KEY,
     UPLOAD_PREFIX,
 )
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays, pack, to_record
+from fedmech_flwr.learning.training import evaluate, resolve_device
+from fedmech_flwr.spec.config import Component, ExperimentConfig, experiment_from_json
+from fedmech_flwr.spec.experiment import client_partitions, load_data, new_model
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from fedmech_flwr.config import DiagnosticSpec
-from fedmech_flwr.hooks import ClientContext, GlobalContext, encode_results
+from fedmech_flwr.contracts.hooks import ClientContext, GlobalContext, encode_results
+from fedmech_flwr.contracts.wire import REPORT_KEY
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.wire import REPORT_KEY
+from fedmech_flwr.spec.config import DiagnosticSpec
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,16 @@ from flwr.serverapp.strategy import Strategy
 
 from fedmech_flwr.app.node_data import NodeDataSpec
 from fedmech_flwr.app.run import LabelledSet, Run, RunInputs, output_root
-from fedmech_flwr.arrays import NamedArrays, model_arrays
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DatasetBundle
-from fedmech_flwr.experiment import (
+from fedmech_flwr.artifacts.folder import CONFIG_FILE, RunFolder
+from fedmech_flwr.contracts.strategy import STRATEGIES, StrategyContext
+from fedmech_flwr.contracts.wire import CONFIG_KEY, DATA_SPEC_KEY
+from fedmech_flwr.datasets.data import DatasetBundle
+from fedmech_flwr.datasets.partition import label_histograms
+from fedmech_flwr.learning.arrays import NamedArrays, model_arrays
+from fedmech_flwr.learning.pruning import prune_to
+from fedmech_flwr.learning.training import resolve_device
+from fedmech_flwr.spec.config import ExperimentConfig
+from fedmech_flwr.spec.experiment import (
     audit_indices,
     check_disjoint_from_test,
     client_partitions,
@@ -35,12 +41,6 @@ from fedmech_flwr.experiment import (
     model_builder,
     new_model,
 )
-from fedmech_flwr.partition import label_histograms
-from fedmech_flwr.pruning import prune_to
-from fedmech_flwr.run_folder import CONFIG_FILE, RunFolder
-from fedmech_flwr.strategy import STRATEGIES, StrategyContext
-from fedmech_flwr.training import resolve_device
-from fedmech_flwr.wire import CONFIG_KEY, DATA_SPEC_KEY
 
 
 def resume_config(run_dir: str | Path) -> ExperimentConfig:

@@ -50,18 +50,18 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app.client_app import node_partition
 from fedmech_flwr.app.client_side import NodeRound
 from fedmech_flwr.app.protocol import RoundProtocol
 from fedmech_flwr.app.run import LabelledSet, Run, RunInputs, output_root, show_logs
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays
-from fedmech_flwr.config import FlowerAppConfig, parse_flower_app, plugin_registries, read_yaml
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.wire import CONFIG_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays
+from fedmech_flwr.learning.training import resolve_device
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import resolve_device
-from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.spec.config import FlowerAppConfig, parse_flower_app, plugin_registries, read_yaml
 
 __all__ = ["WithDiagnostics", "attach_diagnostics"]
 

@@ -3,13 +3,13 @@
 A Grid that calls the ClientApp directly: a whole small experiment runs in seconds,
 which is what the end-to-end tests and quick debugging need. It wraps the one Flower
 internal this needs (``TaskIdentity``, which ``Message`` reads when built outside a
-real run, through ``fedmech_flwr.testing``). The real path is ``flwr run``; this one only
+real run, through ``fedmech_flwr.contracts.testing``). The real path is ``flwr run``; this one only
 skips the transport.
 
 Like Flower's Grid, a ClientApp exception becomes an error reply, and a reply that
 takes longer than ``send_and_receive``'s timeout never arrives (clients run one after
 another here, so each call's own duration is compared, as if they ran in parallel).
-``train_replies`` (``fedmech_flwr.testing``, also importable from here) builds mocked
+``train_replies`` (``fedmech_flwr.contracts.testing``, also importable from here) builds mocked
 clients' replies for a strategy's tests the same way.
 """
 
@@ -28,9 +28,9 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run as FlowerRun  # the project's own Run is fedmech_flwr.app.run.Run
 
 from fedmech_flwr.app.experiment_run import resume_config, run_experiment
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.testing import FIRST_CLIENT_NODE_ID, server_identity
-from fedmech_flwr.testing import train_replies  # noqa: F401  (its old home: tests import it from here)
+from fedmech_flwr.contracts.testing import FIRST_CLIENT_NODE_ID, server_identity
+from fedmech_flwr.contracts.testing import train_replies  # noqa: F401  (its old home: tests import it from here)
+from fedmech_flwr.spec.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

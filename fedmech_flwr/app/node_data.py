@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DatasetBundle, Pixels, npz_arrays
-from fedmech_flwr.errors import BadFileError
-from fedmech_flwr.experiment import client_partitions, load_data
-from fedmech_flwr.experiment import memory_available_gib
-from fedmech_flwr.registry import did_you_mean
+from fedmech_flwr.datasets.data import DatasetBundle, Pixels, npz_arrays
+from fedmech_flwr.foundation.errors import BadFileError
+from fedmech_flwr.foundation.registry import did_you_mean
+from fedmech_flwr.spec.config import ExperimentConfig
+from fedmech_flwr.spec.experiment import client_partitions, load_data
+from fedmech_flwr.spec.experiment import memory_available_gib
 
 MIN_SAMPLES = 10
 """Fewest training samples a node may bring: fewer make an update that is mostly noise,

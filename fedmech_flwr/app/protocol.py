@@ -50,14 +50,14 @@ from flwr.serverapp.strategy import Strategy
 from flwr.superlink.grid import InMemoryGrid
 
 from fedmech_flwr.app.ray_actors import lost_node
-from fedmech_flwr.arrays import NamedArrays, from_record, non_finite, to_record, unpack
-from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
-from fedmech_flwr.errors import raised_where_in_text
-from fedmech_flwr.hooks import ClientUpdate, decode_results
-from fedmech_flwr.run_folder import RunFolder
-from fedmech_flwr.safe_text import strip_colours
-from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
-from fedmech_flwr.wire import CLIENT_STATE_KEY, IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.artifacts.folder import RunFolder
+from fedmech_flwr.contracts.hooks import ClientUpdate, decode_results
+from fedmech_flwr.contracts.wire import CLIENT_STATE_KEY, IDENTIFY_ACTION, REPORT_KEY
+from fedmech_flwr.foundation.errors import raised_where_in_text
+from fedmech_flwr.foundation.safe_text import strip_colours
+from fedmech_flwr.foundation.seeds import numpy_rng, seed_for, seeded_globals
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, non_finite, to_record, unpack
+from fedmech_flwr.spec.config import ExperimentConfig, FlowerAppConfig
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,6 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app import ray_actors
 from fedmech_flwr.app.protocol import (
     SHARD,
@@ -57,24 +56,25 @@ from fedmech_flwr.app.protocol import (
     simulated_roster,
 )
 from fedmech_flwr.app.tensorboard_events import EventFiles
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, non_finite, to_record
-from fedmech_flwr.config import ExperimentConfig, FlowerAppConfig
-from fedmech_flwr.errors import BadFileError, ConfigError, raised_where
-from fedmech_flwr.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
-from fedmech_flwr.outputs import declarations, duration, headline, notice, recorded_flags, undeclared, unshown
-from fedmech_flwr.plotting import plot_run
-from fedmech_flwr.pruning import layer_sparsity, overall_sparsity
-from fedmech_flwr.registry import BUILT_IN
-from fedmech_flwr.run_folder import CONFIG_FILE, METRICS_FILE, STATE_FILE, ResumePoint, RunFolder, read_records
-from fedmech_flwr.strategy import (
+from fedmech_flwr.artifacts.folder import CONFIG_FILE, METRICS_FILE, STATE_FILE, ResumePoint, RunFolder, read_records
+from fedmech_flwr.artifacts.plotting import plot_run
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.hooks import DIAGNOSTICS, Resumable, RoundState, decode_results
+from fedmech_flwr.contracts.outputs import declarations, duration, headline, notice, recorded_flags, undeclared, unshown
+from fedmech_flwr.contracts.strategy import (
     SENT_ACCURACY,
     SENT_LOSS,
     STRATEGIES,
     ReportsAnotherModel,
     StartsFromItsOwnModel,
 )
-from fedmech_flwr.training import EvalResult, evaluate
-from fedmech_flwr.wire import CONFIG_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
+from fedmech_flwr.contracts.wire import CONFIG_KEY, DIAGNOSE_ACTION, PARTITION_IDS_KEY, REPORT_KEY, query_nodes
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError, raised_where
+from fedmech_flwr.foundation.registry import BUILT_IN
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays, non_finite, to_record
+from fedmech_flwr.learning.pruning import layer_sparsity, overall_sparsity
+from fedmech_flwr.learning.training import EvalResult, evaluate
+from fedmech_flwr.spec.config import ExperimentConfig, FlowerAppConfig
 
 log = logging.getLogger(__name__)
 

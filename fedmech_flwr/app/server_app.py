@@ -14,12 +14,12 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedmech_flwr import plugins
 from fedmech_flwr.app import link_index
 from fedmech_flwr.app.experiment_run import resume_config, run_experiment
 from fedmech_flwr.app.run import show_logs
-from fedmech_flwr.experiment import load_experiment
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.spec.experiment import load_experiment
 
 link_index.install()  # in simulation this process holds Flower's link state: before its engine starts polling
 app = ServerApp()

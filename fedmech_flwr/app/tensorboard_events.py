@@ -1,6 +1,6 @@
 """A run's TensorBoard event files (``<run>/tensorboard/``), written from its declared outputs.
 
-Each round, every declared metric (``fedmech_flwr.outputs``) that the round's records
+Each round, every declared metric (``fedmech_flwr.contracts.outputs``) that the round's records
 hold, and every one a plug-in records without declaring it (``outputs.undeclared``),
 becomes a scalar tagged ``RECORD/KEY`` (as a reader reads it: % and pp x 100);
 per-class values become one scalar per class under ``RECORD/KEY per class/CLASS``; and,
@@ -21,7 +21,7 @@ from typing import Any
 
 import matplotlib.image
 
-from fedmech_flwr.outputs import declared, latest, per_class_values
+from fedmech_flwr.contracts.outputs import declared, latest, per_class_values
 
 TENSORBOARD_DIR = "tensorboard"
 

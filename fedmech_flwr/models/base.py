@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from fedmech_flwr.registry import Registry
-from fedmech_flwr.typed import parse_dataclass
+from fedmech_flwr.foundation.registry import Registry
+from fedmech_flwr.foundation.typed import parse_dataclass
 
 ModelFactory = Callable[..., "FedMechModel"]
 """``factory(cfg, *, in_channels, num_classes, image_size) -> FedMechModel``."""

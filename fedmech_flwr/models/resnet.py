@@ -8,7 +8,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
 
 

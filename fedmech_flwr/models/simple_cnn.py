@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
 
 

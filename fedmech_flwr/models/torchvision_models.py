@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.registry import did_you_mean
 from fedmech_flwr.models.base import MODELS
 from fedmech_flwr.models.wrapped import WrappedModel, wrap_module
-from fedmech_flwr.registry import did_you_mean
 
 
 def architectures() -> list[str]:

@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from fedmech_flwr.errors import ConfigError, raised_where
+from fedmech_flwr.foundation.errors import ConfigError, raised_where
+from fedmech_flwr.foundation.registry import did_you_mean
 from fedmech_flwr.models.base import MODELS, ChannelGroup, FedMechModel
-from fedmech_flwr.registry import did_you_mean
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
 """Norm layers that can be a gate point (the channels they normalise are the layer's)."""
@@ -192,7 +192,7 @@ def wrap_module(module: nn.Module, *, input_shape: tuple[int, ...], head: str | 
 
 def _code_at(frame: FrameType) -> str | None:
     """``module (file:line)`` of ``frame`` when it is neither fedmech's core nor a library's
-    (``fedmech_flwr.errors.raised_where``): a plug-in's or the user's own code."""
+    (``fedmech_flwr.foundation.errors.raised_where``): a plug-in's or the user's own code."""
     return raised_where([(frame.f_code.co_filename, frame.f_lineno)])
 
 

@@ -37,17 +37,19 @@ import textwrap
 import time
 from pathlib import Path
 
-from fedmech_flwr import plugins
-from fedmech_flwr.commands import COMMANDS, Help
-from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
-from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, StartError
-from fedmech_flwr.experiment import check_simulated, load_experiment
-from fedmech_flwr.liveness import FolderLock
-from fedmech_flwr.registry import Entry, Registry, did_you_mean
-from fedmech_flwr.run_folder import (
+from fedmech_flwr.artifacts.folder import (
     APP_DIR, CONFIG_FILE, DIAGNOSES_FILE, LOCK_FILE, STATE_FILE, RunFolder, read_outputs, read_records, read_status,
 )
-from fedmech_flwr.safe_text import PrintableFormatter, printable, printable_lines
+from fedmech_flwr.artifacts.liveness import FolderLock
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.commands import COMMANDS, Help
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError, RunFolderError, StartError
+from fedmech_flwr.foundation.registry import Entry, Registry, did_you_mean
+from fedmech_flwr.foundation.safe_text import PrintableFormatter, printable, printable_lines
+from fedmech_flwr.foundation.typed import describe_fields
+from fedmech_flwr.foundation.yaml_text import read_yaml_file
+from fedmech_flwr.spec.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, differing_keys, plugin_registries
+from fedmech_flwr.spec.experiment import check_simulated, load_experiment
 from fedmech_flwr.tools.deployment import deploy_local, node_configs, node_data_entries
 from fedmech_flwr.tools.finish import (
     PAGE_DIR,
@@ -60,8 +62,6 @@ from fedmech_flwr.tools.finish import (
 )
 from fedmech_flwr.tools.local_flower import LaunchResult
 from fedmech_flwr.tools.simulation import launch
-from fedmech_flwr.typed import describe_fields
-from fedmech_flwr.yaml_text import read_yaml_file
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -249,7 +249,7 @@ def _report(result: LaunchResult, run_dir: Path, status: dict, page: str) -> int
               file=sys.stderr)
         return EXIT_FAILED
     if result.ok and status["status"] == "completed":
-        from fedmech_flwr.plotting import skipped_plots
+        from fedmech_flwr.artifacts.plotting import skipped_plots
 
         skipped = [f"{s['diagnostic']} ({s['where']})" for s in skipped_plots(run_dir)]
         not_drawn = f" | plots not drawn: {', '.join(skipped)}" if skipped else ""
@@ -353,8 +353,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Redraw a run's plots from its files and recorded declarations, importing no module
     its folder names: a diagnostic of the user's own gets its declared curves, its own
     figures only with ``--plugin MODULE``, which imports it and says so."""
-    from fedmech_flwr.plotting import plot_run
-    from fedmech_flwr.run_reader import FolderRun, recorded_outputs
+    from fedmech_flwr.artifacts.plotting import plot_run
+    from fedmech_flwr.artifacts.reader import FolderRun, recorded_outputs
 
     run_dir = Path(args.run_dir)
     for module in args.plugin:
@@ -396,8 +396,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """Rerun a diagnostic on every completed run the paths name; exit 1 when a run was
     skipped (not completed)."""
-    from fedmech_flwr.outputs import headline
-    from fedmech_flwr.run_reader import read_inputs
+    from fedmech_flwr.contracts.outputs import headline
+    from fedmech_flwr.artifacts.reader import read_inputs
     from fedmech_flwr.tools.diagnose import default_label, diagnose_run
 
     plugin_registries()["diagnostic"].get(args.diagnostic, "--diagnostic")  # an unknown name is refused with the closest one
@@ -464,7 +464,7 @@ def sweep_command(args: argparse.Namespace, folder: Path) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedmech_flwr.files import check_writable
+    from fedmech_flwr.foundation.files import check_writable
     from fedmech_flwr.tools.sweep import check_fits, load_sweep, run_sweep
 
     plan = load_sweep(args.sweep, args.preset, args.seeds, _only(args.only))
@@ -753,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import this plug-in module (repeatable) and show its metrics as it declares them, for "
                         "folders from before runs recorded their declarations; nothing is imported without it")
-    plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.commands)
+    plugins.load()  # plug-ins may register more subcommands (fedmech_flwr.contracts.commands)
     for name in COMMANDS.names():
         command = COMMANDS.get(name).factory
         command.add_arguments(_add_command(sub, name, command.run, command.help))

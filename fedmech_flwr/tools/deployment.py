@@ -11,8 +11,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedmech_flwr.data import npz_arrays
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR
+from fedmech_flwr.datasets.data import npz_arrays
 from fedmech_flwr.tools.local_flower import (
     CONNECTION, LaunchResult, LocalFlower, free_port, opened, run_folder_of, toml_quoted,
 )

@@ -31,14 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.arrays import load_arrays, model_arrays, save_arrays
-from fedmech_flwr.config import apply_overrides, plugin_registries
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.experiment import model_builder, new_model, parse_experiment
-from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.hooks import RoundState
-from fedmech_flwr.outputs import RERUN_FLAGS, record_key, rerun_flags
-from fedmech_flwr.run_folder import (
+from fedmech_flwr.artifacts.folder import (
     CHECKPOINT_DIR,
     CHECKPOINT_STATE_DIR,
     CONFIG_FILE,
@@ -49,9 +42,16 @@ from fedmech_flwr.run_folder import (
     read_diagnoses,
     round_file,
 )
-from fedmech_flwr.strategy import ReportsAnotherModel
-from fedmech_flwr.training import resolve_device
-from fedmech_flwr.yaml_text import read_yaml_file
+from fedmech_flwr.contracts.hooks import RoundState
+from fedmech_flwr.contracts.outputs import RERUN_FLAGS, record_key, rerun_flags
+from fedmech_flwr.contracts.strategy import ReportsAnotherModel
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.files import write_text_atomic
+from fedmech_flwr.foundation.yaml_text import read_yaml_file
+from fedmech_flwr.learning.arrays import load_arrays, model_arrays, save_arrays
+from fedmech_flwr.learning.training import resolve_device
+from fedmech_flwr.spec.config import apply_overrides, plugin_registries
+from fedmech_flwr.spec.experiment import model_builder, new_model, parse_experiment
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ tidy (long) table, for ``pandas.read_csv`` and a groupby.
 
 One row per run x round x metric, and one more per class where the metric declares
 per-class values (``class`` empty on the overall row). Declared metrics are exported
-(``fedmech_flwr.outputs``), so a plug-in's metrics come out with no edit here, and so are
+(``fedmech_flwr.contracts.outputs``), so a plug-in's metrics come out with no edit here, and so are
 those a plug-in records without declaring them (``outputs.undeclared``: labelled by their
 key, no unit, as recorded). Values are
 as a reader reads them (``Metric.display``: percent and percentage points for ``%`` and
@@ -22,11 +22,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import write_atomic
-from fedmech_flwr.outputs import Metric, declared, latest, per_class_values
-from fedmech_flwr.run_reader import FolderRun, read_inputs, recorded_outputs
-from fedmech_flwr.safe_text import csv_cell
+from fedmech_flwr.artifacts.reader import FolderRun, read_inputs, recorded_outputs
+from fedmech_flwr.contracts.outputs import Metric, declared, latest, per_class_values
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.files import write_atomic
+from fedmech_flwr.foundation.safe_text import csv_cell
 
 COLUMNS = ["seed", "status", "round", "record", "metric", "label", "unit", "class", "value", "flag"]
 """The columns after ``run``, ``sweep`` and the sweep's axes."""
@@ -71,7 +71,7 @@ def run_rows(run: FolderRun, head: dict[str, Any], metrics: dict[str, Metric]) -
 
 def export_rows(paths: list[Path], extra_plugins: list[str] = ()) -> tuple[list[str], list[dict[str, Any]], list[str]]:
     """The columns and rows of a sweep folder or run folders, as their runs recorded their
-    declarations (no module a folder names is imported: ``run_reader.recorded_outputs``),
+    declarations (no module a folder names is imported: ``artifacts.reader.recorded_outputs``),
     with one line per run from before runs recorded them (its plug-ins' metrics exported
     by key), and one per run with records that did not complete (what its ``status``
     column says, and why)."""

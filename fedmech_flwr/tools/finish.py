@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.errors import BadFileError, ConfigError
-from fedmech_flwr.liveness import writer_of
-from fedmech_flwr.run_folder import APP_DIR, RunFolder, read_status, settle_status
+from fedmech_flwr.artifacts.folder import APP_DIR, RunFolder, read_status, settle_status
+from fedmech_flwr.artifacts.liveness import writer_of
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError
 
 log = logging.getLogger(__name__)
 

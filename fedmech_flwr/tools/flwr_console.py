@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
-from fedmech_flwr.run_folder import LOGS_DIR
-from fedmech_flwr.safe_text import printable, strip_colours
+from fedmech_flwr.artifacts.folder import LOGS_DIR
+from fedmech_flwr.foundation.safe_text import printable, strip_colours
 
 RUN_LOG = "flwr_run"
 """``logs/flwr_run.log``: the whole stream of ``flwr run`` (Flower's, Ray's and the ServerApp's log), in ``logs/``."""

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from fedmech_flwr.errors import StartError
-from fedmech_flwr.run_folder import APP_DIR, LOGS_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR, LOGS_DIR
+from fedmech_flwr.foundation.errors import StartError
 from fedmech_flwr.tools.app_staging import stage_app
 from fedmech_flwr.tools.finish import output_failure
 from fedmech_flwr.tools.flwr_console import RUN_LOG, Console

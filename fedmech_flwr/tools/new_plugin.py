@@ -19,9 +19,9 @@ from string import Template
 
 import yaml
 
-from fedmech_flwr.config import PLUGIN_KEYS, plugin_registries, read_yaml
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.spec.config import PLUGIN_KEYS, plugin_registries, read_yaml
 
 PLUGIN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 """A plug-in's name: it names its module and its registered entry."""

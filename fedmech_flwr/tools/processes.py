@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fedmech_flwr.liveness import process_alive
+from fedmech_flwr.artifacts.liveness import process_alive
 
 
 def descendants(pid: int) -> list[int]:

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.config import flatten_plain
-from fedmech_flwr.errors import ConfigError, brief, shape
-from fedmech_flwr.yaml_text import read_yaml_file
+from fedmech_flwr.foundation.errors import ConfigError, brief, shape
+from fedmech_flwr.foundation.yaml_text import read_yaml_file
+from fedmech_flwr.spec.config import flatten_plain
 
 RELATIONS = ("=", "≈", "<", ">")
 BOUNDS = ("<", ">")

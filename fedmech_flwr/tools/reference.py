@@ -37,12 +37,13 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedmech_flwr import api, plugins
-from fedmech_flwr.commands import COMMANDS
-from fedmech_flwr.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, FlowerAppConfig, plugin_registries
-from fedmech_flwr.outputs import EVAL, Outputs
-from fedmech_flwr.registry import BUILT_IN, Entry, Registry
-from fedmech_flwr.typed import FieldInfo, describe_fields
+from fedmech_flwr import api
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.commands import COMMANDS
+from fedmech_flwr.contracts.outputs import EVAL, Outputs
+from fedmech_flwr.foundation.registry import BUILT_IN, Entry, Registry
+from fedmech_flwr.foundation.typed import FieldInfo, describe_fields
+from fedmech_flwr.spec.config import PARTNERS, PLUGIN_KEYS, ExperimentConfig, FlowerAppConfig, plugin_registries
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
 """Where the pages go: the repository's docs/reference."""

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from fedmech_flwr.config import SimulationConfig
-from fedmech_flwr.run_folder import APP_DIR
+from fedmech_flwr.artifacts.folder import APP_DIR
+from fedmech_flwr.spec.config import SimulationConfig
 from fedmech_flwr.tools.local_flower import LaunchResult, LocalFlower, opened, run_folder_of
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """``fedmech status``: where a run or a sweep stands, read from its folder alone.
 
-Read-only: ``fedmech_flwr.run_reader`` reads the folder (the same reader as ``fedmech
+Read-only: ``fedmech_flwr.artifacts.reader`` reads the folder (the same reader as ``fedmech
 report`` and ``fedmech export``, with its one rule for a writer's liveness); this module
 only words what it read. A writer on another host, as in a folder copied from another
 machine, is named but not checked: this host cannot see its processes. Each line is
@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr import outputs
-from fedmech_flwr.run_reader import (  # noqa: F401 (seconds_per_round: the pace behind its ETAs)
+from fedmech_flwr.artifacts.reader import (  # noqa: F401 (seconds_per_round: the pace behind its ETAs)
     FolderRun,
     SweepFolder,
     read_folder,
@@ -23,7 +22,8 @@ from fedmech_flwr.run_reader import (  # noqa: F401 (seconds_per_round: the pace
     recorded_outputs,
     seconds_per_round,
 )
-from fedmech_flwr.safe_text import printable
+from fedmech_flwr.contracts import outputs
+from fedmech_flwr.foundation.safe_text import printable
 
 
 def _phrase(run: FolderRun) -> str:

@@ -53,8 +53,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr import outputs, plugins
-from fedmech_flwr.config import (
+from fedmech_flwr.artifacts.folder import (
+    CONFIG_FILE, LOCK_FILE, SWEEP_LOCK_FILE, SWEEP_MANIFEST_FILE, RunFolder, read_records, read_status,
+)
+from fedmech_flwr.artifacts.liveness import FolderLock, writer_alive
+from fedmech_flwr.contracts import outputs, plugins
+from fedmech_flwr.foundation.errors import ConfigError, RunFolderError, brief
+from fedmech_flwr.foundation.files import write_text_atomic
+from fedmech_flwr.foundation.typed import parse_dataclass
+from fedmech_flwr.spec.config import (
     ExperimentConfig,
     apply_overrides,
     differing_keys,
@@ -62,18 +69,11 @@ from fedmech_flwr.config import (
     override,
     read_yaml,
 )
-from fedmech_flwr.errors import ConfigError, RunFolderError, brief
-from fedmech_flwr.experiment import check_simulated, parse_experiment
-from fedmech_flwr.experiment import memory_available_gib
-from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.liveness import FolderLock, writer_alive
-from fedmech_flwr.run_folder import (
-    CONFIG_FILE, LOCK_FILE, SWEEP_LOCK_FILE, SWEEP_MANIFEST_FILE, RunFolder, read_records, read_status,
-)
+from fedmech_flwr.spec.experiment import check_simulated, parse_experiment
+from fedmech_flwr.spec.experiment import memory_available_gib
 from fedmech_flwr.tools.finish import finish_run, interrupt_run
 from fedmech_flwr.tools.local_flower import stop_all
 from fedmech_flwr.tools.simulation import WarmSimulations, private_ray_cpus
-from fedmech_flwr.typed import parse_dataclass
 
 log = logging.getLogger(__name__)
 

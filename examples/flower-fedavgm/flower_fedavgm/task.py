@@ -19,11 +19,11 @@ from torch import nn
 
 from fedmech_flwr.api import seed_for
 from fedmech_flwr.api.model import FedMechModel, build_model
-from fedmech_flwr.data import FashionMNISTConfig, SyntheticConfig, load_dataset
-from fedmech_flwr.experiment import balanced_indices
+from fedmech_flwr.datasets.data import FashionMNISTConfig, SyntheticConfig, load_dataset
+from fedmech_flwr.datasets.partition import DirichletConfig, partition_dataset
+from fedmech_flwr.learning.training import seed_everything
 from fedmech_flwr.models.simple_cnn import SimpleCNNConfig
-from fedmech_flwr.partition import DirichletConfig, partition_dataset
-from fedmech_flwr.training import seed_everything
+from fedmech_flwr.spec.experiment import balanced_indices
 
 DATASETS = {
     "fashion_mnist": ("fashion_mnist", FashionMNISTConfig(), SimpleCNNConfig(channels=[32, 64, 128])),

@@ -2,7 +2,7 @@
 
 Runs whose configs differ only by their seed form a group. For each group the report gives
 the mean ± 95% confidence interval (Student t over seeds, n shown) of every declared metric
-(``fedmech_flwr.outputs``: the global model's, each diagnostic's and the strategy's) at
+(``fedmech_flwr.contracts.outputs``: the global model's, each diagnostic's and the strategy's) at
 each run's final round (and at the rounds ``--rounds`` asks for), with the flags of its
 validity rule: the declared skew figure first, each group's protocol beside the paper's,
 per-round curves with seed bands, per-class recall heatmaps, a strategy leaderboard (when
@@ -20,7 +20,7 @@ Writes into DIR::
                    interrupted and resumed sweep gives the same file as an uninterrupted one
 
 Inputs: one sweep folder (its ``sweep.json``, written by ``fedmech sweep``), or run folders,
-read by ``fedmech_flwr.run_reader`` (the reader ``fedmech status`` and ``fedmech export`` use).
+read by ``fedmech_flwr.artifacts.reader`` (the reader ``fedmech status`` and ``fedmech export`` use).
 
 The package's parts: ``statistics`` (groups and their statistics), ``comparisons``
 (published values), ``figures``, ``sections`` and ``render`` (the page, as HTML and
@@ -33,11 +33,11 @@ import json
 import logging
 from pathlib import Path
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.files import write_text_atomic
-from fedmech_flwr.outputs import declarations, metrics_of
-from fedmech_flwr.run_reader import FolderRun, read_inputs, recorded_outputs
-from fedmech_flwr.safe_text import printable
+from fedmech_flwr.artifacts.reader import FolderRun, read_inputs, recorded_outputs
+from fedmech_flwr.contracts.outputs import declarations, metrics_of
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.files import write_text_atomic
+from fedmech_flwr.foundation.safe_text import printable
 from fedmech_flwr.tools.published import read_paper_values
 from fedmech_flwr.tools.report.comparisons import Comparison, compare
 from fedmech_flwr.tools.report.figures import plot_curves, plot_headline, plot_per_class

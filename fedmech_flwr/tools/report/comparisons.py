@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedmech_flwr.outputs import declared
+from fedmech_flwr.contracts.outputs import declared
 from fedmech_flwr.tools.published import PaperValue, PaperValues, Verdict, verdict
 from fedmech_flwr.tools.report.statistics import Group, Stat, control_of, number_text
 from fedmech_flwr.tools.report.stats import difference_ci, mean_ci

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.config import flatten_plain
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, per_class_values
-from fedmech_flwr.plotting import LevelPanel, band_panels, band_plot, heatmap, level_plot
-from fedmech_flwr.run_reader import FolderRun
+from fedmech_flwr.artifacts.plotting import LevelPanel, band_panels, band_plot, heatmap, level_plot
+from fedmech_flwr.artifacts.reader import FolderRun
+from fedmech_flwr.contracts.outputs import DEGENERATE_FRACTION, Metric, declarations, declared, latest, lookup, per_class_values
+from fedmech_flwr.spec.config import flatten_plain
 from fedmech_flwr.tools.published import PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.statistics import Group, Stat, axis_name, is_dense_control, skew_level

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedmech_flwr.safe_text import printable
+from fedmech_flwr.foundation.safe_text import printable
 
 
 @dataclass

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.config import differing_keys, flatten_plain
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.outputs import ABSENT, DEGENERATE_FRACTION, Metric, Outputs, declarations, declared, metrics_of
-from fedmech_flwr.plotting import DRAWN_FILE, skipped_plots
-from fedmech_flwr.run_folder import PLOTS_DIR
-from fedmech_flwr.run_reader import FolderRun
+from fedmech_flwr.artifacts.folder import PLOTS_DIR
+from fedmech_flwr.artifacts.plotting import DRAWN_FILE, skipped_plots
+from fedmech_flwr.artifacts.reader import FolderRun
+from fedmech_flwr.contracts.outputs import ABSENT, DEGENERATE_FRACTION, Metric, Outputs, declarations, declared, metrics_of
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.spec.config import differing_keys, flatten_plain
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.render import Image, Section, Table
@@ -179,7 +179,7 @@ def _strategy_defaults(name: Any, groups: list[Group]) -> dict[str, Any] | None:
     """A strategy's parameter defaults as flat config keys (``strategy.KEY``), as its runs
     recorded them, else as registered here (a built-in, for folders from before runs
     recorded them); None when neither knows (its row then names every parameter)."""
-    from fedmech_flwr.strategy import STRATEGIES
+    from fedmech_flwr.contracts.strategy import STRATEGIES
 
     recorded = [run.strategy_defaults for g in groups if g.config.get("strategy", {}).get("name") == name
                 for run in g.runs if run.strategy_defaults is not None]

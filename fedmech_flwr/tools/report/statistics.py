@@ -11,9 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedmech_flwr.config import differing_keys, flatten_plain
-from fedmech_flwr.outputs import ABSENT, Metric, latest, lookup
-from fedmech_flwr.run_reader import FolderRun
+from fedmech_flwr.artifacts.reader import FolderRun
+from fedmech_flwr.contracts.outputs import ABSENT, Metric, latest, lookup
+from fedmech_flwr.spec.config import differing_keys, flatten_plain
 from fedmech_flwr.tools.report.stats import mean_ci
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedmech_flwr.config import differing_keys, flatten_plain
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Metric, declarations, declared
+from fedmech_flwr.contracts.outputs import DEGENERATE_FRACTION, Metric, declarations, declared
+from fedmech_flwr.spec.config import differing_keys, flatten_plain
 from fedmech_flwr.tools.published import PaperValue, PaperValues
 from fedmech_flwr.tools.report.comparisons import Comparison
 from fedmech_flwr.tools.report.statistics import Group, Stat, control_of, skew_level

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fedmech_flwr.config import ExperimentConfig
-from fedmech_flwr.data import DataInfo
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.datasets.data import DataInfo
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.spec.config import ExperimentConfig
 
 Check = Callable[[object, ExperimentConfig, DataInfo, str], None]
 """A registration's ``check(params, cfg, data, where)``."""

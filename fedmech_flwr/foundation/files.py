@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedmech_flwr.errors import RunFolderError
-from fedmech_flwr.safe_text import CONTROL, printable_lines
+from fedmech_flwr.foundation.errors import RunFolderError
+from fedmech_flwr.foundation.safe_text import CONTROL, printable_lines
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

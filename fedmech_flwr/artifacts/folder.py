@@ -60,14 +60,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedmech_flwr.arrays import NamedArrays, load_arrays, save_arrays
-from fedmech_flwr.data import repo_root
-from fedmech_flwr.errors import BadFileError, RunFolderError
-from fedmech_flwr.files import TEMPORARY_GLOB, write_text_atomic
-from fedmech_flwr.hooks import ClientUpdate, DiagnosticResult
-from fedmech_flwr.liveness import live_holder, this_process, writer_alive, writer_gone
-from fedmech_flwr.outputs import Outputs, outputs_from_plain, outputs_to_plain, record_key
-from fedmech_flwr.safe_text import strip_colours
+from fedmech_flwr.artifacts.liveness import live_holder, this_process, writer_alive, writer_gone
+from fedmech_flwr.contracts.hooks import ClientUpdate, DiagnosticResult
+from fedmech_flwr.contracts.outputs import Outputs, outputs_from_plain, outputs_to_plain, record_key
+from fedmech_flwr.datasets.data import repo_root
+from fedmech_flwr.foundation.errors import BadFileError, RunFolderError
+from fedmech_flwr.foundation.files import TEMPORARY_GLOB, write_text_atomic
+from fedmech_flwr.foundation.safe_text import strip_colours
+from fedmech_flwr.learning.arrays import NamedArrays, load_arrays, save_arrays
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ PLOTS_DIR = "plots"
 LOGS_DIR = "logs"
 CLIENT_FAILURES_LOG = "client_failures.log"
 
-APP_DIR = Path(__file__).resolve().parents[1]
+APP_DIR = Path(__file__).resolve().parents[2]
 
 
 def round_file(server_round: int) -> str:

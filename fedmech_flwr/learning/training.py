@@ -16,8 +16,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedmech_flwr.pruning import MagnitudePruner
-from fedmech_flwr.seeds import seed_globals
+from fedmech_flwr.foundation.seeds import seed_globals
+from fedmech_flwr.learning.pruning import MagnitudePruner
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch with ``seed`` (from ``fedmech_flwr.seeds.seed_for``).
+    """Seed Python, NumPy and torch with ``seed`` (from ``fedmech_flwr.foundation.seeds.seed_for``).
 
     Returns a CPU generator for batch order, so data order does not depend on how many
     random numbers other code drew before.

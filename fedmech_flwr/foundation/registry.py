@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +30,7 @@ _sources: list[str] = []
 @contextlib.contextmanager
 def loading(source: str) -> Iterator[None]:
     """Entries registered inside this block were loaded by ``source`` (``Entry.source``):
-    ``fedmech_flwr.plugins`` wraps each plug-in import it makes in one."""
+    ``fedmech_flwr.contracts.plugins`` wraps each plug-in import it makes in one."""
     _sources.append(source)
     try:
         yield
@@ -57,7 +57,7 @@ class Entry(Generic[F]):
     check: Callable[..., None] | None = None
     """Optional ``check(params, cfg, data, where)``: raise a ConfigError naming ``where``
     (this entry's key, e.g. ``x.yaml: strategy``) when ``params`` cannot work in the
-    experiment ``cfg`` with data shaped like ``data`` (a ``fedmech_flwr.data.DataInfo``).
+    experiment ``cfg`` with data shaped like ``data`` (a ``fedmech_flwr.datasets.data.DataInfo``).
     Every validation calls it (``fedmech validate``, ``fedmech run`` before it starts
     anything, each sweep cell), so a plug-in's own rules fail in seconds, not in the
     ServerApp."""
@@ -67,7 +67,7 @@ class Entry(Generic[F]):
     """How that module was loaded: ``built-in``, the experiment key that listed it (``x.yaml:
     plugins[0]``), or the entry point (``entry point 'median' of my-lab 0.1``)."""
     outputs: Any = None
-    """What a diagnostic or strategy records, an ``fedmech_flwr.outputs.Outputs`` (which
+    """What a diagnostic or strategy records, an ``fedmech_flwr.contracts.outputs.Outputs`` (which
     reads the registries, so it is not imported here): the report, the sweep's progress
     line and the published-value checks show these."""
 

@@ -8,7 +8,7 @@ strategies subclass ``WeightedFedAvg`` (the ``fedavg`` strategy, with ``FedAvgCo
 parameters) and override one step: ``average`` for an aggregation rule, or one of Flower's
 ``configure_train`` / ``aggregate_train``. A strategy
 that keeps state across rounds (server momentum, control variates) implements
-``fedmech_flwr.hooks.Resumable`` so that a resumed run restores it.
+``fedmech_flwr.contracts.hooks.Resumable`` so that a resumed run restores it.
 
 A strategy that pairs with its own client sends it arrays as extra ArrayRecords of the
 train message (the client reads them in ``FedMechClient.received``) and reads what the
@@ -17,7 +17,7 @@ own state across rounds is the client's (``FedMechClient.state``), kept by the c
 
 A strategy with a client side registers its query handlers in ``CLIENT_QUERIES``, as a
 diagnostic overrides ``client_side``: ``handler(QueryContext) -> RecordDict``. The strategy
-sends ``query.<name>`` with :func:`fedmech_flwr.wire.query_nodes`: arrays, and a
+sends ``query.<name>`` with :func:`fedmech_flwr.contracts.wire.query_nodes`: arrays, and a
 config record holding the train config's entries (the experiment, the round) plus its own;
 every ClientApp answers with the handler's record, computed on the client's own data
 (the built-in ``class_stats`` query: the per-class feature statistics NCM and CCVR ask for).
@@ -36,10 +36,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from fedmech_flwr.arrays import NamedArrays, from_record, to_record, unpack, weighted_mean
+from fedmech_flwr.contracts.wire import REPORT_KEY, UPLOAD_PREFIX
+from fedmech_flwr.foundation.registry import Registry
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, to_record, unpack, weighted_mean
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.registry import Registry
-from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class StrategyContext:
     num_classes: int
     num_rounds: int
     seed: int
-    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with a named purpose and the round."""
+    """The experiment's seed, for ``fedmech_flwr.foundation.seeds.seed_for`` with a named purpose and the round."""
     round_timeout_s: float
     """How long a strategy's own round trips to the clients may wait."""
     initial: NamedArrays
@@ -131,7 +131,7 @@ class QueryContext:
     num_classes: int
     device: torch.device
     seed: int
-    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and round."""
+    """The experiment's seed, for ``fedmech_flwr.foundation.seeds.seed_for`` with the partition and round."""
     batch_size: int
     """The experiment's evaluation batch size, for forward passes over ``x``."""
 

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedmech_flwr.errors import ConfigError
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.learning.training import channels_last, channels_last_copy, largest_predicted_class, recall
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.training import channels_last, channels_last_copy, largest_predicted_class, recall
 
 Covariance = Literal["diagonal", "full"]
 
@@ -99,7 +99,7 @@ class Scores:
     """The class predicted most often."""
     max_predicted_fraction: float
     """Share of the evaluated images predicted as ``max_predicted_class`` (see
-    ``fedmech_flwr.training.DEGENERATE_FRACTION``)."""
+    ``fedmech_flwr.learning.training.DEGENERATE_FRACTION``)."""
 
 
 def score(head: LinearHead, f: Tensor, y: Tensor, num_classes: int) -> Scores:

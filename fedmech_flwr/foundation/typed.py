@@ -24,8 +24,8 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-from fedmech_flwr.errors import ConfigError, brief
-from fedmech_flwr.registry import did_you_mean
+from fedmech_flwr.foundation.errors import ConfigError, brief
+from fedmech_flwr.foundation.registry import did_you_mean
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ A run's ``status``:
   process), or says running but its writer is gone from this host; a sweep cell its
   sweep stopped or whose sweep was killed; a run status.json calls completed whose
   records end before its last round ("completed, but records end at round N of M":
-  ``run_folder.records_end``), which ``--resume`` completes;
+  ``artifacts.folder.records_end``), which ``--resume`` completes;
 - ``pending``: a sweep cell not started yet; ``unknown``: a run folder with a config and
   no status.json (killed or failed at its start); ``never started``: a folder that holds
   the ``run.lock`` of a ``fedmech`` process now gone (and perhaps its logs), nothing of
@@ -42,10 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr import plugins
-from fedmech_flwr.errors import BadFileError, ConfigError, RunFolderError, brief, shape
-from fedmech_flwr.liveness import Writer, lock_writer, writer_of
-from fedmech_flwr.outputs import (
+from fedmech_flwr.artifacts.folder import (
+    CONFIG_FILE, ENVIRONMENT_FILE, LOCK_FILE, METRICS_FILE, PARTITIONS_FILE, STATUS_FILE, SWEEP_LOCK_FILE,
+    SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_strategy_defaults, read_records, read_status, records_end,
+)
+from fedmech_flwr.artifacts.liveness import Writer, lock_writer, writer_of
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.outputs import (
     metrics_of,
     outputs_from_plain,
     outputs_to_plain,
@@ -53,11 +56,8 @@ from fedmech_flwr.outputs import (
     records_of,
     registered_outputs,
 )
-from fedmech_flwr.run_folder import (
-    CONFIG_FILE, ENVIRONMENT_FILE, LOCK_FILE, METRICS_FILE, PARTITIONS_FILE, STATUS_FILE, SWEEP_LOCK_FILE,
-    SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_strategy_defaults, read_records, read_status, records_end,
-)
-from fedmech_flwr.yaml_text import read_yaml_file
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError, RunFolderError, brief, shape
+from fedmech_flwr.foundation.yaml_text import read_yaml_file
 
 NOT_A_FOLDER = ("is neither a run folder (status.json, config.yaml and metrics.jsonl, made by `fedmech run`) nor a "
                 "sweep folder (sweep.json and runs/, made by `fedmech sweep`)")
@@ -95,10 +95,10 @@ class FolderRun:
     class_names: list[str] | None = None
     outputs: tuple[dict[str, Any], dict[str, dict[str, str]]] | None = None
     """What its records hold, as its plug-ins declared it when it ran, and its flagged
-    values' flags (``run_folder.read_outputs``); None for a folder from before runs
+    values' flags (``artifacts.folder.read_outputs``); None for a folder from before runs
     recorded them."""
     strategy_defaults: dict[str, Any] | None = None
-    """Its strategy's parameter defaults as it recorded them (``run_folder.read_strategy_defaults``)."""
+    """Its strategy's parameter defaults as it recorded them (``artifacts.folder.read_strategy_defaults``)."""
     num_rounds: int | None = None
     eta: float | None = None
     """Seconds left, for a running run whose pace is known."""

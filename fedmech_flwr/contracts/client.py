@@ -23,12 +23,12 @@ import torch
 from flwr.client import NumPyClient
 from torch import nn
 
-from fedmech_flwr.arrays import NamedArrays
+from fedmech_flwr.foundation.registry import Registry
+from fedmech_flwr.foundation.seeds import seed_for
+from fedmech_flwr.learning.arrays import NamedArrays
+from fedmech_flwr.learning.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
+from fedmech_flwr.learning.training import TrainConfig, local_steps, seed_everything, train_epochs
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.pruning import MagnitudePruner, PruningConfig, layer_sparsity, overall_sparsity
-from fedmech_flwr.registry import Registry
-from fedmech_flwr.seeds import seed_for
-from fedmech_flwr.training import TrainConfig, local_steps, seed_everything, train_epochs
 
 CLIENTS: Registry[type[FedMechClient]] = Registry("client")
 
@@ -63,7 +63,7 @@ class FedMechClient(NumPyClient):
     control variate)."""
     upload: dict[str, NamedArrays]
     """Arrays ``fit`` sends its strategy besides the weights, by name; the strategy reads
-    them with ``fedmech_flwr.strategy.uploaded``."""
+    them with ``fedmech_flwr.contracts.strategy.uploaded``."""
     steps: int
     """The optimizer steps the last ``fit`` took (SCAFFOLD's K, FedNova's tau_i)."""
 

@@ -73,7 +73,7 @@ def raised_where(frames: Iterable[tuple[str, int]]) -> str | None:
     first) that is neither the core's nor a library's: where a plug-in or the user's own
     code raised; None when there is no such frame."""
     libraries = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    core = Path(__file__).resolve().parent
+    core = Path(__file__).resolve().parents[1]
     for file, line in reversed(list(frames)):
         path = Path(file).resolve()
         if path.is_file() and not path.is_relative_to(core) and not any(path.is_relative_to(p) for p in libraries):

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.registry import Registry
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Model weights as named NumPy arrays: conversion, averaging, safe files.
 
 Files are safetensors (no pickled code is ever executed on load) and are written
-atomically (:mod:`fedmech_flwr.files`), so a killed run never leaves a truncated file
+atomically (:mod:`fedmech_flwr.foundation.files`), so a killed run never leaves a truncated file
 behind; a file that is truncated or foreign anyway gives a ``BadFileError`` naming it.
 """
 
@@ -18,8 +18,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, load_file, save, save_file
 from torch import nn
 
-from fedmech_flwr.errors import BadFileError
-from fedmech_flwr.files import write_atomic
+from fedmech_flwr.foundation.errors import BadFileError
+from fedmech_flwr.foundation.files import write_atomic
 
 NamedArrays = dict[str, np.ndarray]
 """A model's (or a state's) arrays by parameter name, in the model's order."""

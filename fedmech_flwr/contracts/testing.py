@@ -11,7 +11,7 @@ from __future__ import annotations
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedmech_flwr.arrays import NamedArrays, to_record
+from fedmech_flwr.learning.arrays import NamedArrays, to_record
 
 SERVER_NODE_ID = 1
 FIRST_CLIENT_NODE_ID = 1000

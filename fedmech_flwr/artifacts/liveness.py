@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedmech_flwr.errors import BadFileError, RunFolderError
+from fedmech_flwr.foundation.errors import BadFileError, RunFolderError
 
 log = logging.getLogger(__name__)
 

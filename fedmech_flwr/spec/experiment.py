@@ -18,8 +18,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedmech_flwr.arrays import NamedArrays, load_model_arrays
-from fedmech_flwr.config import (
+from fedmech_flwr.datasets.data import DataInfo, DatasetBundle, dataset_info, load_dataset
+from fedmech_flwr.datasets.partition import partition_dataset
+from fedmech_flwr.foundation.errors import ConfigError, DataNotFoundError
+from fedmech_flwr.foundation.seeds import numpy_rng, seed_for, seeded_globals
+from fedmech_flwr.foundation.typed import join_key, to_plain
+from fedmech_flwr.learning.arrays import NamedArrays, load_model_arrays
+from fedmech_flwr.models import FedMechModel, build_model
+from fedmech_flwr.spec.config import (
     PLUGIN_KEYS,
     ExperimentConfig,
     apply_overrides,
@@ -27,12 +33,6 @@ from fedmech_flwr.config import (
     plugin_registries,
     read_yaml,
 )
-from fedmech_flwr.data import DataInfo, DatasetBundle, dataset_info, load_dataset
-from fedmech_flwr.errors import ConfigError, DataNotFoundError
-from fedmech_flwr.models import FedMechModel, build_model
-from fedmech_flwr.partition import partition_dataset
-from fedmech_flwr.seeds import numpy_rng, seed_for, seeded_globals
-from fedmech_flwr.typed import join_key, to_plain
 
 
 def memory_available_gib() -> float:
@@ -59,7 +59,7 @@ def parse_experiment(raw: Any, source: str) -> ExperimentConfig:
     plug-in's own rules (``check_experiment``): what parses here, the ServerApp accepts at
     start.
 
-    ``source`` names the file in error messages. Call ``fedmech_flwr.plugins.load()``
+    ``source`` names the file in error messages. Call ``fedmech_flwr.contracts.plugins.load()``
     first so every plug-in has registered its name and config.
     """
     cfg = parse_structure(raw, source)

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fedmech_flwr.registry import Registry
+from fedmech_flwr.foundation.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -19,20 +19,20 @@ from typing import Any, Literal
 
 import yaml
 
-from fedmech_flwr import plugins
-from fedmech_flwr.client import CLIENTS
-from fedmech_flwr.data import DATASETS
-from fedmech_flwr.errors import ConfigError, brief, shape
-from fedmech_flwr.hooks import DIAGNOSTICS
+from fedmech_flwr.contracts import plugins
+from fedmech_flwr.contracts.client import CLIENTS
+from fedmech_flwr.contracts.hooks import DIAGNOSTICS
+from fedmech_flwr.contracts.strategy import STRATEGIES
+from fedmech_flwr.datasets.data import DATASETS
+from fedmech_flwr.datasets.partition import PARTITIONERS
+from fedmech_flwr.foundation.errors import ConfigError, brief, shape
+from fedmech_flwr.foundation.registry import Registry
+from fedmech_flwr.foundation.safe_text import CONTROL, printable
+from fedmech_flwr.foundation.typed import join_key, parse_dataclass, to_plain
+from fedmech_flwr.foundation.yaml_text import load_yaml, read_yaml_file
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import MODELS
-from fedmech_flwr.partition import PARTITIONERS
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.registry import Registry
-from fedmech_flwr.safe_text import CONTROL, printable
-from fedmech_flwr.strategy import STRATEGIES
-from fedmech_flwr.training import TrainConfig
-from fedmech_flwr.typed import join_key, parse_dataclass, to_plain
-from fedmech_flwr.yaml_text import load_yaml, read_yaml_file
 
 PLUGIN_KEYS = {
     "dataset": "data.dataset",

@@ -2,7 +2,7 @@
 
 ``plot_run(run_dir)`` redraws everything; ``fedmech plot RUN_DIR`` calls it. A diagnostic
 plug-in draws its own figures through ``Diagnostic.plot``; one that draws none, and the
-strategy, get their declared curves (``fedmech_flwr.outputs``), a flagged value marked.
+strategy, get their declared curves (``fedmech_flwr.contracts.outputs``), a flagged value marked.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from fedmech_flwr.errors import raised_where
-from fedmech_flwr.files import save_figure, write_text_atomic
-from fedmech_flwr.outputs import DEGENERATE_FRACTION, Outputs, declarations, lookup
+from fedmech_flwr.contracts.outputs import DEGENERATE_FRACTION, Outputs, declarations, lookup
+from fedmech_flwr.foundation.errors import raised_where
+from fedmech_flwr.foundation.files import save_figure, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -378,8 +378,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     """Redraw every plot of a run folder into ``<run>/plots``; return the files, and list
     which drew which in ``plots/drawn.json`` (``DRAWN_FILE``: ``core``, ``strategy``, each
     diagnostic by name), where the page finds a plug-in's own plots."""
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.run_folder import PARTITIONS_FILE, PLOTS_DIR, read_records
+    from fedmech_flwr.contracts.hooks import DIAGNOSTICS
+    from fedmech_flwr.artifacts.folder import PARTITIONS_FILE, PLOTS_DIR, read_records
 
     run_dir = Path(run_dir)
     plots = run_dir / PLOTS_DIR
@@ -502,7 +502,7 @@ def _defined_at(function: Any) -> str:
 
 def skipped_plots(run_dir: str | Path) -> list[dict[str, str]]:
     """What ``plot_run`` could not draw in ``run_dir`` (its ``plots/skipped.json``)."""
-    from fedmech_flwr.run_folder import PLOTS_DIR
+    from fedmech_flwr.artifacts.folder import PLOTS_DIR
 
     path = Path(run_dir) / PLOTS_DIR / SKIPPED_FILE
     return json.loads(path.read_text()) if path.is_file() else []

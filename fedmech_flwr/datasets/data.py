@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmech_flwr.errors import BadFileError, ConfigError, DataNotFoundError
-from fedmech_flwr.registry import Registry
+from fedmech_flwr.foundation.errors import BadFileError, ConfigError, DataNotFoundError
+from fedmech_flwr.foundation.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def repo_root() -> Path:
     ``$FEDMECH_PROJECT_DIR`` when set (``fedmech run`` sets it: Flower runs the app from an
     unpacked copy elsewhere), else the folder holding ``fedmech_flwr/``.
     """
-    return Path(os.environ.get("FEDMECH_PROJECT_DIR") or Path(__file__).resolve().parents[1])
+    return Path(os.environ.get("FEDMECH_PROJECT_DIR") or Path(__file__).resolve().parents[2])
 
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")

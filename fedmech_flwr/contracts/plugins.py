@@ -29,8 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from fedmech_flwr import builtin
-from fedmech_flwr.errors import ConfigError
-from fedmech_flwr.registry import loading
+from fedmech_flwr.foundation.errors import ConfigError
+from fedmech_flwr.foundation.registry import loading
 
 BUILTIN = builtin.__name__
 PLUGIN_PACKAGES = tuple(f"{BUILTIN}.{name}" for name in builtin.PACKAGES)
@@ -62,7 +62,7 @@ def load() -> None:
 
 def load_built_in() -> None:
     """Import the built-in packages alone (idempotent): what a reader of run folders runs,
-    which imports no installed or experiment's plug-in (``run_reader.recorded_outputs``)."""
+    which imports no installed or experiment's plug-in (``artifacts.reader.recorded_outputs``)."""
     for package in PLUGIN_PACKAGES:
         importlib.import_module(package)
 
@@ -89,7 +89,7 @@ _TOLD: set[str] = set()
 
 def check_api_only(module: ModuleType) -> None:
     """One warning line, once per process, for a plug-in module whose source imports a
-    module of fedmech's outside the public API (``fedmech_flwr.hooks``, ``.strategy``, the
+    module of fedmech's outside the public API (``fedmech_flwr.contracts.hooks``, ``.strategy``, the
     built-ins' private ``fedmech_flwr.api._builtin``, ...): those change without notice,
     the API does not. Logged, since Python's default filters
     hide a DeprecationWarning raised outside ``__main__``; the source is read, never run."""

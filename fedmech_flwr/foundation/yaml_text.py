@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from fedmech_flwr.errors import ConfigError, brief
-from fedmech_flwr.safe_text import printable
+from fedmech_flwr.foundation.errors import ConfigError, brief
+from fedmech_flwr.foundation.safe_text import printable
 
 MAX_NODES = 100_000
 """The most nodes a document may hold with its aliases expanded (configs have hundreds)."""

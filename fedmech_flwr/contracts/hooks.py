@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord
 
-from fedmech_flwr.arrays import NamedArrays
+from fedmech_flwr.foundation.registry import Registry
+from fedmech_flwr.learning.arrays import NamedArrays
 from fedmech_flwr.models import FedMechModel
-from fedmech_flwr.registry import Registry
 
 DIAGNOSTICS: Registry[type[Diagnostic]] = Registry("diagnostic")
 
@@ -87,7 +87,7 @@ class RoundState:
     """A fresh model (eval mode, on the run's device) holding the given arrays."""
     device: torch.device
     seed: int
-    """The experiment's seed: derive every random choice with ``fedmech_flwr.seeds.seed_for``
+    """The experiment's seed: derive every random choice with ``fedmech_flwr.foundation.seeds.seed_for``
     from it, a named purpose and the round."""
 
 
@@ -107,7 +107,7 @@ class ClientContext:
     num_classes: int
     device: torch.device
     seed: int
-    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
+    """The experiment's seed, for ``fedmech_flwr.foundation.seeds.seed_for`` with the partition and
     round."""
 
 
@@ -124,7 +124,7 @@ class GlobalContext:
     num_classes: int
     device: torch.device
     seed: int
-    """The experiment's seed, for ``fedmech_flwr.seeds.seed_for`` with the partition and
+    """The experiment's seed, for ``fedmech_flwr.foundation.seeds.seed_for`` with the partition and
     round."""
 
 
@@ -157,7 +157,7 @@ class Diagnostic:
 
     The registered class is built with its validated config: ``cls(params)``. Rules
     between its parameters and the experiment or the data belong in the ``check`` it
-    registers with (``fedmech_flwr.registry.Entry.check``): they then fail at validation.
+    registers with (``fedmech_flwr.foundation.registry.Entry.check``): they then fail at validation.
     """
 
     def __init__(self, params: Any) -> None:
@@ -226,7 +226,7 @@ class Diagnostic:
     def plot(cls, records: list[dict[str, Any]], plots_dir: Path, class_names: Sequence[str] | None) -> list[Path]:
         """Draw this diagnostic's plots from its metrics.jsonl records; return the files.
         ``class_names`` label per-class rows (the dataset's names, as partitions.json has them).
-        Import what draws (``fedmech_flwr.plotting``, matplotlib) in here: every ClientApp
+        Import what draws (``fedmech_flwr.artifacts.plotting``, matplotlib) in here: every ClientApp
         imports the plug-ins and never draws."""
         return []
 

@@ -27,9 +27,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from torch import nn
 
-from fedmech_flwr.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, pack, to_record
-from fedmech_flwr.client import CLIENTS, ClientData
-from fedmech_flwr.hooks import (
+from fedmech_flwr.contracts.client import CLIENTS, ClientData
+from fedmech_flwr.contracts.hooks import (
     DIAGNOSTICS,
     ClientContext,
     ClientUpdate,
@@ -38,14 +37,15 @@ from fedmech_flwr.hooks import (
     RoundState,
     encode_results,
 )
+from fedmech_flwr.contracts.outputs import record_key
+from fedmech_flwr.contracts.strategy import CLIENT_QUERIES, STRATEGIES, QueryContext, StartsFromItsOwnModel, StrategyContext
+from fedmech_flwr.contracts.testing import FIRST_CLIENT_NODE_ID, server_identity, train_replies
+from fedmech_flwr.contracts.wire import REPORT_KEY, UPLOAD_PREFIX
+from fedmech_flwr.foundation.typed import parse_dataclass
+from fedmech_flwr.learning.arrays import NamedArrays, from_record, load_model_arrays, model_arrays, pack, to_record
+from fedmech_flwr.learning.pruning import PruningConfig
+from fedmech_flwr.learning.training import TrainConfig
 from fedmech_flwr.models import MODELS, FedMechModel, build_model
-from fedmech_flwr.outputs import record_key
-from fedmech_flwr.pruning import PruningConfig
-from fedmech_flwr.strategy import CLIENT_QUERIES, STRATEGIES, QueryContext, StartsFromItsOwnModel, StrategyContext
-from fedmech_flwr.testing import FIRST_CLIENT_NODE_ID, server_identity, train_replies
-from fedmech_flwr.training import TrainConfig
-from fedmech_flwr.typed import parse_dataclass
-from fedmech_flwr.wire import REPORT_KEY, UPLOAD_PREFIX
 
 NUM_CLASSES, IMAGE_SIZE, SAMPLES, CLIENTS_IN_ROUND = 3, 8, 12, 3
 """The federation the client, strategy and diagnostic checks play: 3 clients of 12 1x8x8
@@ -55,7 +55,7 @@ DEVICE = torch.device("cpu")
 
 def _load_builtins() -> None:
     """Register the built-in plug-ins (the plain client, a client's partner strategy)."""
-    from fedmech_flwr import plugins
+    from fedmech_flwr.contracts import plugins
 
     plugins.load()
 

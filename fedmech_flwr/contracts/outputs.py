@@ -306,7 +306,7 @@ def declarations(records: Iterable[dict[str, Any]] = ()) -> dict[str, Outputs]:
     given the ``records`` a view shows, what they hold that no plug-in declares
     (``undeclared``), keyed ``RECORD (undeclared)``. The built-in and installed plug-ins
     are imported first, an experiment's own by whoever reads its runs
-    (``run_reader.import_plugins``)."""
+    (``artifacts.reader.import_plugins``)."""
     records = list(records)
     out = _declared_outputs()
     out.update(reruns(records, out))
@@ -375,7 +375,7 @@ def _declared_outputs() -> dict[str, Outputs]:
     inside ``reading`` what it was given."""
     if _READING:
         return dict(_READING[-1])
-    from fedmech_flwr import plugins
+    from fedmech_flwr.contracts import plugins
 
     plugins.load()
     return registered_outputs()
@@ -385,9 +385,9 @@ def registered_outputs(built_in_only: bool = False) -> dict[str, Outputs]:
     """The declarations of the plug-ins registered in this process (``built_in_only``:
     of the built-in ones alone, what a reader of a folder that recorded none falls back
     on), imported by whoever called."""
-    from fedmech_flwr.hooks import DIAGNOSTICS
-    from fedmech_flwr.registry import BUILT_IN
-    from fedmech_flwr.strategy import STRATEGIES
+    from fedmech_flwr.contracts.hooks import DIAGNOSTICS
+    from fedmech_flwr.foundation.registry import BUILT_IN
+    from fedmech_flwr.contracts.strategy import STRATEGIES
 
     def chosen(registry: Any) -> list[tuple[str, Any]]:
         entries = [(name, registry.get(name)) for name in registry.names()]
