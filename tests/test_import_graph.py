@@ -1,5 +1,6 @@
 """The import graph of the whole installed tree: the core's modules import each other
-without a circle, lazy imports included, in layers that point one way; the core imports no
+without a circle, lazy imports included, in layers that point one way (each folder of the
+core is a layer, ``LAYERS``, and no module sits outside one); the core imports no
 plug-in (only the plug-in loader names them); a plug-in imports nothing of fedmech's but
 ``fedmech_flwr.api`` and its modules (neither the app nor the tools, nor another plug-in, nor
 another core module); only the built-in plug-ins import the API's private module
@@ -50,14 +51,19 @@ def plugin_unit(module: str) -> str:
     return ".".join(module.split(".")[:4])
 
 
-def core_layer(module: str) -> str:
-    """``core``, ``app`` (what runs inside Flower) or ``tools`` (what runs around it)."""
+LAYERS = ("foundation", "models", "learning", "datasets", "contracts", "spec", "artifacts", "api", "app", "tools")
+"""The core's layers, lowest first: each folder of ``fedmech_flwr``, and ``api`` for the
+modules at its top (the public face). A layer may import only itself and the layers below
+it: the arrows go one way, up to ``app`` (what runs inside Flower) and ``tools`` (what runs
+around it)."""
+PUBLIC_FACE = {"fedmech_flwr", "fedmech_flwr.api", *DEPRECATED}
+"""The only modules at the top of ``fedmech_flwr``: every other module sits in a layer's folder."""
+
+
+def layer(module: str) -> str:
+    """The layer of a core module: its folder under ``fedmech_flwr``, or ``api`` at the top."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in ("app", "tools") else "core"
-
-
-ALLOWED = {"core": {"core"}, "app": {"core", "app"}, "tools": {"core", "app", "tools"}}
-"""Which layers a layer may import: the arrows go one way."""
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "api"
 
 
 # --- the rules -----------------------------------------------------------------------------
@@ -72,14 +78,26 @@ def core_violations(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             if is_plugin(target) or target.split(".")[0] in FOLDERS:
                 wrong.append(f"{module} -> {target}: the core imports a plug-in (only {LOADER} loads them, by name)")
-            elif (target in graph and not is_plugin(target) and core_layer(target) not in ALLOWED[core_layer(module)]
+            elif (target in graph and not is_plugin(target) and target != BUILTIN  # the plug-ins' home: no layer
+                  and LAYERS.index(layer(target)) > LAYERS.index(layer(module))
                   and target not in DEPRECATED.get(module, ())):
-                wrong.append(f"{module} -> {target}: {core_layer(module)} imports {core_layer(target)}")
+                wrong.append(f"{module} -> {target}: {layer(module)} imports {layer(target)}, a layer above it")
     return sorted(wrong)
 
 
 def is_api(module: str) -> bool:
     return module == API or module.startswith(API + ".")
+
+
+def unlayered(graph: dict[str, set[str]]) -> list[str]:
+    """Core modules outside every layer: at the top of ``fedmech_flwr`` but not its public
+    face, or in a folder that ``LAYERS`` does not name."""
+    def placed(module: str) -> bool:
+        parts = module.split(".")
+        return module in PUBLIC_FACE or len(parts) > 1 and parts[1] in LAYERS
+
+    return sorted(m for m in graph if m.split(".")[0] == "fedmech_flwr" and not is_plugin(m) and m != BUILTIN
+                  and not placed(m))
 
 
 def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -100,8 +118,8 @@ def plugin_violations(graph: dict[str, set[str]]) -> list[str]:
                 why = "a plug-in by its folder's top-level name"
             elif is_plugin(target):
                 why = "another plug-in (go through fedmech_flwr.api: a registry, decode_results)"
-            elif core_layer(target) in ("app", "tools"):
-                why = f"fedmech_flwr.{core_layer(target)}"
+            elif layer(target) in ("app", "tools"):
+                why = f"fedmech_flwr.{layer(target)}"
             else:
                 why = "a core module other than fedmech_flwr.api"
             wrong.append(f"{module} -> {target}: {why}")
@@ -151,7 +169,7 @@ def test_the_tree_is_read_as_installed(graph):
     assert f"{BUILTIN}.strategies.fedavg" in graph and f"{BUILTIN}.diagnostics.circuits.gates" in graph
     assert graph[f"{BUILTIN}.diagnostics.circuits.diagnostic"] >= {"fedmech_flwr.api",
                                                                    f"{BUILTIN}.diagnostics.circuits.gates"}
-    assert {core_layer(m) for m in graph if not is_plugin(m)} == {"core", "app", "tools"}
+    assert {layer(m) for m in graph if not is_plugin(m)} == set(LAYERS)
 
 
 def uninstalled_folders(root: Path) -> list[Path]:
@@ -174,6 +192,10 @@ def test_the_core_has_no_import_cycle(graph):
 
 def test_the_core_imports_no_plugin_and_its_layers_import_one_way(graph):
     assert core_violations(graph) == []
+
+
+def test_every_core_module_sits_in_a_layer(graph):
+    assert unlayered(graph) == []
 
 
 def test_plugins_import_only_the_api_and_their_own_modules(graph):
@@ -222,7 +244,9 @@ def test_find_cycle_finds_a_known_circle():
 PLANTED = {
     "pyproject.toml": """
 [tool.setuptools]
-packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_flwr.builtin",
+packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.foundation", "fedmech_flwr.learning",
+            "fedmech_flwr.contracts", "fedmech_flwr.spec", "fedmech_flwr.artifacts", "fedmech_flwr.stray",
+            "fedmech_flwr.app", "fedmech_flwr.tools", "fedmech_flwr.builtin",
             "fedmech_flwr.builtin.strategies", "fedmech_flwr.builtin.diagnostics",
             "fedmech_flwr.builtin.diagnostics.probe", "my_lab"]
 
@@ -235,10 +259,14 @@ packages = ["fedmech_flwr", "fedmech_flwr.api", "fedmech_flwr.app", "fedmech_flw
     "fedmech_flwr/api/strategy.py": "from fedmech_flwr.foundation.registry import Registry\n",
     "fedmech_flwr/api/_builtin.py": "from fedmech_flwr.foundation.registry import Registry\n",
     "fedmech_flwr/foundation/registry.py": "class Registry: ...\n",
-    "fedmech_flwr/spec/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a core module loading a plug-in\n",
-    "fedmech_flwr/contracts/hooks.py": "import strategies.mean  # the same, by its folder's name\n",
-    "fedmech_flwr/stats.py": ("from fedmech_flwr.tools import cli  # the core on the tools\n"
-                              "from fedmech_flwr.api._builtin import Registry  # the core on the private api\n"),
+    "fedmech_flwr/spec/config.py": "def load():\n    from fedmech_flwr.builtin.strategies import mean  # a plug-in\n",
+    "fedmech_flwr/contracts/hooks.py": "import strategies.mean  # the same, by the old name\n",
+    "fedmech_flwr/artifacts/plotting.py": ("from fedmech_flwr.tools import cli  # the core on the tools\n"
+                                           "from fedmech_flwr.api._builtin import Registry  # the core on the private api\n"),
+    "fedmech_flwr/learning/arrays.py": "from fedmech_flwr.spec.config import load  # a layer on one above it\n",
+    "fedmech_flwr/spec/experiment.py": "from fedmech_flwr.learning import arrays  # on one below: allowed\n",
+    "fedmech_flwr/helpers.py": "",
+    "fedmech_flwr/stray/thing.py": "",
     "fedmech_flwr/contracts/plugins.py": "import importlib\n",
     "fedmech_flwr/builtin/__init__.py": "",
     "fedmech_flwr/app/__init__.py": "",
@@ -280,21 +308,29 @@ def test_the_planted_tree_is_read_with_relative_imports_resolved(planted):
 
 def test_a_core_module_importing_a_plugin_or_a_higher_layer_is_caught(planted):
     assert core_violations(planted) == [
+        f"fedmech_flwr.artifacts.plotting -> {PRIVATE}: artifacts imports api, a layer above it",
+        "fedmech_flwr.artifacts.plotting -> fedmech_flwr.tools.cli: artifacts imports tools, a layer above it",
+        f"fedmech_flwr.contracts.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, "
+        "by name)",
+        "fedmech_flwr.learning.arrays -> fedmech_flwr.spec.config: learning imports spec, a layer above it",
         f"fedmech_flwr.spec.config -> {BUILTIN}.strategies.mean: the core imports a plug-in (only {LOADER} loads them, "
         "by name)",
-        f"fedmech_flwr.contracts.hooks -> strategies.mean: the core imports a plug-in (only {LOADER} loads them, by name)",
-        "fedmech_flwr.stats -> fedmech_flwr.tools.cli: core imports tools",
     ]
 
 
 def test_a_users_plugin_or_the_core_importing_the_private_api_is_caught(planted):
     assert planted[f"{BUILTIN}.strategies.mean"] >= {"fedmech_flwr.api", "fedmech_flwr.api.strategy", PRIVATE}
     assert private_api_violations(planted) == [
-        f"fedmech_flwr.stats -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your own imports "
+        f"fedmech_flwr.artifacts.plotting -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your "
+        "own imports "
         "fedmech_flwr.api and its role modules",
         f"my_lab.median -> {PRIVATE}: only the built-in plug-ins may import it; a plug-in of your own imports "
         "fedmech_flwr.api and its role modules",
     ]
+
+
+def test_a_core_module_outside_every_layer_is_caught(planted):
+    assert unlayered(planted) == ["fedmech_flwr.helpers", "fedmech_flwr.stray.thing"]
 
 
 def test_a_plugin_importing_the_app_the_tools_the_core_or_another_plugin_is_caught(planted):
