@@ -25,6 +25,7 @@ import importlib
 import inspect
 import logging
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -114,8 +115,7 @@ def internal_imports(module: ModuleType) -> list[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.update([f"{node.module}.{alias.name}" for alias in node.names]
-                         if node.module in ("fedmech_flwr", "fedmech_flwr.api") else [node.module])
+            names.update(_imported_from(node.module, alias.name) for alias in node.names)
     return sorted(n for n in names if n.partition(".")[0] == "fedmech_flwr" and not is_public(n))
 
 
@@ -125,6 +125,15 @@ def is_public(module: str) -> bool:
     parts = module.split(".")
     return module == "fedmech_flwr" or (parts[:2] == ["fedmech_flwr", "api"]
                                         and not any(p.startswith("_") for p in parts[2:]))
+
+
+def _imported_from(module: str, name: str) -> str:
+    """What ``from module import name`` imports of the core: the submodule of that name
+    where ``module`` is a core package holding one (``from fedmech_flwr.contracts import
+    strategy``), else ``module``."""
+    folder = Path(__file__).resolve().parents[1].joinpath(*module.split(".")[1:])
+    is_module = (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()
+    return f"{module}.{name}" if module.partition(".")[0] == "fedmech_flwr" and is_module else module
 
 
 def _why(module: str, err: Exception) -> str:
