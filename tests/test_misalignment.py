@@ -210,7 +210,7 @@ def test_a_run_without_an_audit_set_fails_before_its_folder_exists(make_cfg, tmp
 
 
 def test_an_audit_set_that_overlaps_the_test_set_is_refused(make_cfg, tmp_path, monkeypatch):
-    import fedmech_flwr.app.run as server
+    import fedmech_flwr.app.experiment_run as server
 
     real = server.load_data
 
