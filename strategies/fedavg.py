@@ -13,4 +13,4 @@ from fedmech_flwr.api.strategy import STRATEGIES, FedAvgConfig, WeightedFedAvg
 __all__ = ["FedAvgConfig", "WeightedFedAvg", "fedavg"]
 
 
-STRATEGIES.register("fedavg", FedAvgConfig)(weighted_fedavg)
+fedavg = STRATEGIES.register("fedavg", FedAvgConfig)(weighted_fedavg)
