@@ -19,7 +19,7 @@ from pathlib import Path
 from fedmech_flwr.artifacts.folder import read_records
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from round_run import run_benchmark  # noqa: E402  (a sibling script, also when loaded by path)
+from round_run import print_parts, run_benchmark  # noqa: E402  (a sibling script, also when loaded by path)
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("client stats", "features", "probe", "probe_pooled", "realigned", "client_stats", "layers", "clients")
@@ -37,16 +37,9 @@ def round_parts(run_dir: Path) -> list[dict[str, float]]:
     return rows
 
 
-def print_table(rows: list[dict[str, float]]) -> None:
-    print(f"{'round':>5} {'training s':>11}" + "".join(f" {p + ' s':>15}" for p in PARTS) + f" {'ratio':>7}")
-    for row in rows:
-        print(f"{row['round']:>5} {row['training']:>11.1f}" + "".join(f" {row.get(p, 0.0):>15.2f}" for p in PARTS)
-              + f" {row['ratio']:>7.3f}")
-
-
 def main(argv: list[str] | None = None) -> None:
     run_benchmark(__doc__.split("\n")[0], REPO / "benchmarks" / "misalignment_round.yaml",
-                  lambda run_dir: print_table(round_parts(run_dir)), argv)
+                  lambda run_dir: print_parts(round_parts(run_dir), PARTS), argv)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,15 @@ def run_benchmark(description: str, default_experiment: Path, table: Callable[[P
     torch.set_num_threads(cfg.simulation.cpus_per_client)
     with tempfile.TemporaryDirectory() as out:
         table(run_in_process(cfg, out))
+
+
+def print_parts(rows: list[dict[str, float]], parts: tuple[str, ...], counts: dict[str, str] | None = None) -> None:
+    """One line a round: training seconds, each of ``parts``' seconds, each of ``counts``
+    (label: key, a whole number), and the parts' sum over training (the last column)."""
+    width = max(len(p) for p in parts) + 3
+    counts = counts or {}
+    print(f"{'round':>5} {'training s':>11}" + "".join(f" {p + ' s':>{width}}" for p in parts)
+          + "".join(f" {label:>10}" for label in counts) + f" {'ratio':>7}")
+    for row in rows:
+        print(f"{row['round']:>5} {row['training']:>11.1f}" + "".join(f" {row.get(p, 0.0):>{width}.2f}" for p in parts)
+              + "".join(f" {row[key]:>10.0f}" for key in counts.values()) + f" {row['ratio']:>7.3f}")
