@@ -37,15 +37,17 @@ ALPHA = "feddyn-alpha"
 class FedDynClient(FedMechClient):
     """Local training on FedDyn's dynamically regularised objective."""
 
-    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+    def start_round(self, config: dict[str, Any]) -> None:
+        """The anchor theta^{t-1} and this client's h, from the global weights just loaded."""
         if ALPHA not in config:
             raise RuntimeError(f"the feddyn client needs '{ALPHA}' in the train config; use strategy feddyn")
         self.alpha = float(config[ALPHA])
-        self.set_parameters(parameters)
         params = dict(self.model.named_parameters())
         self.anchor = {name: p.detach().clone() for name, p in params.items()}
         self.h = {name: torch.tensor(self.state[name], device=p.device) if self.state else torch.zeros_like(p.detach())
                   for name, p in params.items()}
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         weights, num_examples, metrics = super().fit(parameters, config)
         self.state = {name: (self.h[name] - self.alpha * (p.detach() - self.anchor[name])).cpu().numpy()
                       for name, p in self.model.named_parameters()}

@@ -34,17 +34,20 @@ DELTA_CONTROL = "scaffold-delta-c"
 class ScaffoldClient(FedMechClient):
     """Local SGD with SCAFFOLD's drift correction; reads ``scaffold-c`` from the message."""
 
-    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+    def start_round(self, config: dict[str, Any]) -> None:
+        """The anchor x and the correction c - c_i, from the global weights just loaded."""
         if CONTROL not in self.received:
             raise RuntimeError(f"the scaffold client needs the server control variate '{CONTROL}' in the train "
                                "message; use strategy scaffold")
-        self.set_parameters(parameters)
         params = dict(self.model.named_parameters())
         c = self.received[CONTROL]
-        c_i = self.state or {name: np.zeros_like(c[name]) for name in params}
+        self.c_i = c_i = self.state or {name: np.zeros_like(c[name]) for name in params}
         self.anchor = {name: p.detach().clone() for name, p in params.items()}
         self.correction = {name: torch.tensor(c[name] - c_i[name], device=p.device) for name, p in params.items()}
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         weights, num_examples, metrics = super().fit(parameters, config)
+        c, c_i = self.received[CONTROL], self.c_i
         scale = 1.0 / (self.steps * self.train.lr)  # 1 / (K eta_l)
         new = {}
         for name, p in self.model.named_parameters():

@@ -140,8 +140,14 @@ def test_fedprox_mu_reaches_the_client_through_flower_messages(make_cfg, tmp_pat
     assert update_norm(1000.0) < 0.2 * update_norm(0.0)
 
 
-def test_a_train_message_loads_the_global_weights_into_the_client_once(make_cfg, tmp_path, monkeypatch):
-    """The ClientApp leaves loading the global weights to the client's ``fit``: once a round."""
+@pytest.mark.parametrize("method", [(), ("strategy={name: scaffold}", "client={name: scaffold}", "train.optimizer=sgd",
+                                     "train.momentum=0", "pruning.mode=dense"),
+                                    ("strategy={name: feddyn}", "client={name: feddyn}", "train.optimizer=sgd",
+                                     "train.momentum=0", "pruning.mode=dense")],
+                         ids=["plain", "scaffold", "feddyn"])
+def test_a_train_message_loads_the_global_weights_into_the_client_once(make_cfg, tmp_path, monkeypatch, method):
+    """The ClientApp leaves loading the global weights to the client's ``fit``: once a round,
+    also for a client that keeps an anchor of them (``start_round``)."""
     loads, load = [], FedMechClient.set_parameters
 
     def counted(client, parameters):
@@ -149,5 +155,5 @@ def test_a_train_message_loads_the_global_weights_into_the_client_once(make_cfg,
         load(client, parameters)
 
     monkeypatch.setattr(FedMechClient, "set_parameters", counted)
-    run_in_process(make_cfg("federation.num_rounds=1"), tmp_path)
+    run_in_process(make_cfg("federation.num_rounds=1", *method), tmp_path)
     assert loads and sorted(loads) == sorted(set(loads))

@@ -160,8 +160,20 @@ class FedMechClient(NumPyClient):
             x, y = x[idx], y[idx]
         return x, y
 
+    def start_round(self, config: dict[str, Any]) -> None:
+        """Called in ``fit`` once the round's global weights are in ``self.model``, before
+        local training: where a client takes what it keeps of them (SCAFFOLD's and FedDyn's
+        anchor), so that nothing loads them twice. Does nothing here.
+
+        Parameters
+        ----------
+        config : dict
+            The round's train config (``server-round`` and what the strategy sends).
+        """
+
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict[str, Any]]:
         self.set_parameters(parameters)
+        self.start_round(config)
         server_round = int(config["server-round"])
         generator = seed_everything(seed_for(self.seed, "local-training", self.partition_id, server_round))
         x, y = self.round_data(generator)
