@@ -147,7 +147,7 @@ def test_every_reader_reads_a_folder_without_running_the_modules_it_names(record
 def test_a_run_records_its_declarations_and_flags(smoke_run):
     """What a real run records: every declared output, and the flag of each flagged value
     (the smoke run's round 0 predicts one class)."""
-    declared, flags = read_outputs(smoke_run)
+    declared, flags, _ = read_outputs(smoke_run)
     assert {"eval", "weight_divergence"} <= set(declared)
     assert declared["eval"]["metrics"]["accuracy"]["label"] == "global test accuracy"
     assert declared["eval"]["metrics"]["accuracy"]["flagged"] is True

@@ -183,10 +183,11 @@ def read_records(run_dir: str | Path, kind: str | None = None, file: str = METRI
     return records
 
 
-def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, str]]] | None:
+def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, str]], dict[str, Any] | None] | None:
     """The declarations a run recorded (``RunFolder.write_outputs``), as data
-    (``outputs.outputs_from_plain`` makes them ``Outputs``), and its flags by metric and
-    round; None for a folder from before runs recorded them."""
+    (``outputs.outputs_from_plain`` makes them ``Outputs``), its flags by metric and round,
+    and its strategy's parameter defaults (None from a run before they were recorded);
+    None for a folder from before runs recorded any of them."""
     path = Path(run_dir) / OUTPUTS_FILE
     if not path.is_file():
         return None
@@ -199,18 +200,8 @@ def read_outputs(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, dict[st
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise BadFileError(f"{path} is not the declarations a run records ({type(err).__name__}: {err}); the file "
                            "was damaged: delete it to read the run with the built-in plug-ins' declarations") from None
-    return declarations, flags
-
-
-def read_strategy_defaults(run_dir: str | Path) -> dict[str, Any] | None:
-    """The strategy's parameter defaults a run recorded beside its declarations; None for
-    a folder from before runs recorded them, or whose file is unreadable (``read_outputs``
-    says why)."""
-    try:
-        defaults = json.loads((Path(run_dir) / OUTPUTS_FILE).read_bytes()).get("strategy_defaults")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return defaults if isinstance(defaults, dict) else None
+    defaults = doc.get("strategy_defaults")
+    return declarations, flags, defaults if isinstance(defaults, dict) else None
 
 
 def records_end(records: list[dict[str, Any]], config: dict[str, Any]) -> int:

@@ -44,7 +44,7 @@ from typing import Any
 
 from fedmech_flwr.artifacts.folder import (
     CONFIG_FILE, ENVIRONMENT_FILE, LOCK_FILE, METRICS_FILE, PARTITIONS_FILE, STATUS_FILE, SWEEP_LOCK_FILE,
-    SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_strategy_defaults, read_records, read_status, records_end,
+    SWEEP_MANIFEST_FILE, read_diagnoses, read_outputs, read_records, read_status, records_end,
 )
 from fedmech_flwr.artifacts.liveness import Writer, lock_writer, writer_of
 from fedmech_flwr.contracts import plugins
@@ -93,12 +93,10 @@ class FolderRun:
     commit: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     class_names: list[str] | None = None
-    outputs: tuple[dict[str, Any], dict[str, dict[str, str]]] | None = None
-    """What its records hold, as its plug-ins declared it when it ran, and its flagged
-    values' flags (``artifacts.folder.read_outputs``); None for a folder from before runs
-    recorded them."""
-    strategy_defaults: dict[str, Any] | None = None
-    """Its strategy's parameter defaults as it recorded them (``artifacts.folder.read_strategy_defaults``)."""
+    outputs: tuple[dict[str, Any], dict[str, dict[str, str]], dict[str, Any] | None] | None = None
+    """What its records hold, as its plug-ins declared it when it ran, its flagged values'
+    flags and its strategy's parameter defaults (``artifacts.folder.read_outputs``); None
+    for a folder from before runs recorded them."""
     num_rounds: int | None = None
     eta: float | None = None
     """Seconds left, for a running run whose pace is known."""
@@ -275,7 +273,6 @@ def _open(run: FolderRun, claimed: str | None = None, sweep_running: bool = Fals
         parts = path / PARTITIONS_FILE
         run.class_names = json.loads(parts.read_text())["class_names"] if parts.is_file() else None
         run.outputs = read_outputs(path)
-        run.strategy_defaults = read_strategy_defaults(path)
     if run.status == "completed" and run.num_rounds is not None and \
             (end := records_end(run.records, run.config or {})) < run.num_rounds:
         run.status, run.error = "interrupted", (

@@ -181,8 +181,8 @@ def _strategy_defaults(name: Any, groups: list[Group]) -> dict[str, Any] | None:
     recorded them); None when neither knows (its row then names every parameter)."""
     from fedmech_flwr.contracts.strategy import STRATEGIES
 
-    recorded = [run.strategy_defaults for g in groups if g.config.get("strategy", {}).get("name") == name
-                for run in g.runs if run.strategy_defaults is not None]
+    recorded = [run.outputs[2] for g in groups if g.config.get("strategy", {}).get("name") == name
+                for run in g.runs if run.outputs and run.outputs[2] is not None]
     if recorded:
         return flatten_plain({"strategy": recorded[0]})
     try:
